@@ -1,0 +1,154 @@
+"""Command line the workflow rules call: ``python -m cifarflow <command> ...``.
+
+Errors a user can fix end the process with one line on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+START = time.time()
+
+
+def cmd_fetch_data(a) -> None:
+    from . import data
+
+    synthetic = json.loads(a.synthetic) if a.synthetic else None
+    path = data.prepare_archive(a.source, Path(a.out_dir), url=a.url, md5=a.md5,
+                                archive=a.archive, synthetic=synthetic)
+    print(f"dataset archive ready: {path}")
+
+
+def cmd_extract_data(a) -> None:
+    from . import data
+
+    archive = Path(a.archive)
+    data.verify_archive(archive, data.expected_md5(archive, a.md5))
+    batches = data.extract_archive(archive, Path(a.out_dir))
+    print(f"extracted and checked {batches}")
+
+
+def min_budget(seconds: float | None, minutes: float | None) -> float | None:
+    budgets = [b for b in (seconds, minutes * 60 if minutes else None) if b]
+    return min(budgets) if budgets else None
+
+
+def cmd_train(a) -> None:
+    from .config import TrainConfig
+    from .engine import run_training
+
+    spec = json.loads(Path(a.spec).read_text() if a.spec.endswith(".json") else a.spec)
+    if a.threads:
+        spec["threads"] = a.threads
+    cfg = TrainConfig.from_dict(spec)
+    run_training(cfg, data_dir=Path(a.data), out_dir=Path(a.out),
+                 resume_dir=Path(a.resume) if a.resume else None,
+                 work_dir=Path(a.work) if a.work else None, until_epoch=a.until_epoch,
+                 budget_s=min_budget(a.budget_s, a.budget_min), margin_s=a.margin_s, start_time=START)
+
+
+def cmd_record_env(a) -> None:
+    from .environment import record_environment
+
+    record_environment(Path(a.out), Path(a.freeze))
+
+
+def cmd_aggregate(a) -> None:
+    from .aggregate import aggregate
+
+    runs = json.loads(a.runs if a.runs.lstrip().startswith("{") else Path(a.runs).read_text())
+    aggregate(runs, Path(a.out_dir), Path(a.plots_dir or Path(a.out_dir) / "plots"),
+              keep_missing=a.keep_missing)
+
+
+def cmd_mps_run(a) -> None:
+    from .mps_daemon import run_with_mps
+
+    sys.exit(run_with_mps(a.command, replicas=a.replicas, dry_run=a.dry_run))
+
+
+def cmd_launch(a) -> None:
+    from .launch import main as launch_main
+
+    launch_main(a.rest)
+
+
+def parser() -> argparse.ArgumentParser:
+    from .data import CIFAR_MD5, CIFAR_URL
+
+    p = argparse.ArgumentParser(prog="cifarflow", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    f = sub.add_parser("fetch-data", help="download / link / synthesise the tarball")
+    f.add_argument("--source", choices=["download", "archive", "synthetic"], required=True)
+    f.add_argument("--out-dir", required=True)
+    f.add_argument("--url", default=CIFAR_URL)
+    f.add_argument("--md5", default=CIFAR_MD5)
+    f.add_argument("--archive", default=None)
+    f.add_argument("--synthetic", default=None, help="JSON: train_size, test_size, seed, noise")
+    f.set_defaults(func=cmd_fetch_data)
+
+    e = sub.add_parser("extract-data", help="verify and extract the tarball")
+    e.add_argument("--archive", required=True)
+    e.add_argument("--md5", default=CIFAR_MD5)
+    e.add_argument("--out-dir", required=True)
+    e.set_defaults(func=cmd_extract_data)
+
+    t = sub.add_parser("train", help="train one segment of a run")
+    t.add_argument("--spec", required=True, help="JSON object or path to a .json file")
+    t.add_argument("--data", required=True, help="the cifar-10-batches-py directory")
+    t.add_argument("--out", required=True, help="checkpoint directory this segment writes")
+    t.add_argument("--resume", default=None, help="previous segment's checkpoint directory")
+    t.add_argument("--work", default=None, help="directory for in-segment checkpoints")
+    t.add_argument("--until-epoch", type=int, default=None)
+    t.add_argument("--budget-s", type=float, default=None, help="time budget in seconds")
+    t.add_argument("--budget-min", type=float, default=None, help="time budget in minutes "
+                   "(the rule's runtime); the smaller of the two applies")
+    t.add_argument("--margin-s", type=float, default=60.0)
+    t.add_argument("--threads", type=int, default=0)
+    t.set_defaults(func=cmd_train)
+
+    r = sub.add_parser("record-env", help="write the software environment")
+    r.add_argument("--out", required=True)
+    r.add_argument("--freeze", required=True)
+    r.set_defaults(func=cmd_record_env)
+
+    g = sub.add_parser("aggregate", help="summary table, plots and advice")
+    g.add_argument("--runs", required=True, help="JSON (or a .json file) describing the runs")
+    g.add_argument("--out-dir", required=True)
+    g.add_argument("--plots-dir", default=None)
+    g.add_argument("--keep-missing", action="store_true")
+    g.set_defaults(func=cmd_aggregate)
+
+    la = sub.add_parser("launch", help="start N ranks with srun (Slurm) or torchrun",
+                        add_help=False)
+    la.add_argument("rest", nargs=argparse.REMAINDER)
+    la.set_defaults(func=cmd_launch)
+
+    m = sub.add_parser("mps-run", help="run a command under a private NVIDIA MPS daemon")
+    m.add_argument("--replicas", type=int, required=True)
+    m.add_argument("--dry-run", action="store_true")
+    m.add_argument("command", nargs=argparse.REMAINDER)
+    m.set_defaults(func=cmd_mps_run)
+    return p
+
+
+def main(argv=None) -> None:
+    from .checkpoint import CheckpointError
+    from .data import DatasetError
+    from .strategies.base import StrategyError
+
+    args = parser().parse_args(argv)
+    try:
+        args.func(args)
+    except (DatasetError, CheckpointError, StrategyError, ValueError) as exc:
+        print(f"cifarflow {args.command}: error: {exc}", file=sys.stderr, flush=True)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

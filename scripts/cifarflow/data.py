@@ -1,0 +1,224 @@
+"""CIFAR-10 on disk: fetch, verify, extract, synthesise and load.
+
+The on-disk format is the official one: ``cifar-10-python.tar.gz`` holding
+``cifar-10-batches-py/`` with ``data_batch_1..5``, ``test_batch`` and
+``batches.meta``, each a Python 2 pickle of a dict with ``data`` (uint8, N x 3072,
+channel-major rows) and ``labels``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import pickle
+import tarfile
+from pathlib import Path
+
+import numpy as np
+
+CIFAR_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
+CIFAR_MD5 = "c58f30108f718f92721af3b95e74349a"
+ARCHIVE_NAME = "cifar-10-python.tar.gz"
+BATCHES_DIR = "cifar-10-batches-py"
+TRAIN_FILES = [f"data_batch_{i}" for i in range(1, 6)]
+TEST_FILE = "test_batch"
+META_FILE = "batches.meta"
+MANIFEST = "manifest.json"
+LABEL_NAMES = ["airplane", "automobile", "bird", "cat", "deer",
+               "dog", "frog", "horse", "ship", "truck"]
+IMAGE_BYTES = 3 * 32 * 32
+
+
+class DatasetError(RuntimeError):
+    """A dataset problem the user can fix; the message says how."""
+
+
+def md5sum(path: Path, chunk: int = 1 << 20) -> str:
+    digest = hashlib.md5()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def download_archive(url: str, md5: str, dest_dir: Path) -> Path:
+    """Fetch the official tarball with torchvision's downloader (login node only)."""
+    from torchvision.datasets.utils import download_url
+
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    target = dest_dir / ARCHIVE_NAME
+    try:
+        download_url(url, str(dest_dir), filename=ARCHIVE_NAME, md5=md5)
+    except Exception as exc:  # urllib raises several types; all mean "no archive"
+        raise DatasetError(
+            f"could not download {url} ({type(exc).__name__}: {exc}). Compute nodes have "
+            "no internet: fetch the tarball on a login node (wget it), then set "
+            "data.source: archive and data.archive: /path/to/cifar-10-python.tar.gz"
+        ) from exc
+    verify_archive(target, md5)
+    return target
+
+
+def verify_archive(path: Path, md5: str) -> None:
+    """Check the tarball exists, is complete and has the expected md5."""
+    path = Path(path)
+    if not path.is_file():
+        raise DatasetError(f"archive not found: {path}")
+    actual = md5sum(path)
+    if actual != md5:
+        raise DatasetError(
+            f"md5 mismatch for {path}: expected {md5}, got {actual}. The file is truncated "
+            "or not the official CIFAR-10 archive; re-fetch it, or set data.md5 to "
+            f"{actual} if you trust this file"
+        )
+
+
+def extract_archive(archive: Path, out_dir: Path) -> Path:
+    """Extract ``cifar-10-batches-py/`` into out_dir, validate it, write a manifest."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        with tarfile.open(archive, "r:gz") as tar:
+            tar.extractall(out_dir, filter="data")
+    except (tarfile.TarError, EOFError, OSError) as exc:
+        raise DatasetError(f"cannot extract {archive}: {exc} (truncated or corrupt archive?)") from exc
+    batches = out_dir / BATCHES_DIR
+    files = {}
+    for name in TRAIN_FILES + [TEST_FILE]:
+        images, labels = read_batch(batches / name)
+        files[name] = {"md5": md5sum(batches / name), "images": int(len(labels))}
+    meta = read_pickle(batches / META_FILE)
+    manifest = {"archive_md5": md5sum(archive), "files": files,
+                "label_names": meta.get("label_names", LABEL_NAMES)}
+    (batches / MANIFEST).write_text(json.dumps(manifest, indent=2))
+    return batches
+
+
+def read_pickle(path: Path) -> dict:
+    """Load a CIFAR pickle; genuine files are Python 2 pickles (latin1, str or bytes keys)."""
+    if not path.is_file():
+        raise DatasetError(f"missing dataset file {path}; rerun the dataset rules")
+    try:
+        with open(path, "rb") as f:
+            raw = pickle.load(f, encoding="latin1")
+    except (pickle.UnpicklingError, EOFError, ValueError) as exc:
+        raise DatasetError(f"{path} is not a CIFAR-10 pickle: {exc}") from exc
+    return {(k.decode() if isinstance(k, bytes) else k): v for k, v in raw.items()}
+
+
+def read_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    batch = read_pickle(path)
+    data = np.asarray(batch["data"], dtype=np.uint8)
+    labels = np.asarray(batch["labels"], dtype=np.int64)
+    if data.ndim != 2 or data.shape[1] != IMAGE_BYTES or len(labels) != len(data):
+        raise DatasetError(f"{path}: expected data N x {IMAGE_BYTES} and N labels, "
+                           f"got {data.shape} and {labels.shape}")
+    if len(labels) and (labels.min() < 0 or labels.max() > 9):
+        raise DatasetError(f"{path}: labels outside 0..9")
+    return data.reshape(-1, 3, 32, 32), labels
+
+
+def load_split(batches_dir: Path, train: bool) -> tuple[np.ndarray, np.ndarray]:
+    """All images (N, 3, 32, 32) uint8 and labels (N,) int64 of one split."""
+    names = TRAIN_FILES if train else [TEST_FILE]
+    parts = [read_batch(Path(batches_dir) / n) for n in names]
+    return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+
+
+# --- synthetic data in the real format -------------------------------------------------
+
+class _Py2Pickler(pickle._Pickler):
+    """Writes ``bytes`` as Python 2 ``str`` opcodes, as the genuine CIFAR files do."""
+
+    dispatch = dict(pickle._Pickler.dispatch)
+
+    def save_py2_str(self, obj: bytes) -> None:
+        n = len(obj)
+        if n < 256:
+            self.write(pickle.SHORT_BINSTRING + bytes([n]) + obj)
+        else:
+            self.write(pickle.BINSTRING + n.to_bytes(4, "little") + obj)
+        self.memoize(obj)
+
+    dispatch[bytes] = save_py2_str
+
+
+def _py2_pickle(obj) -> bytes:
+    buf = io.BytesIO()
+    _Py2Pickler(buf, protocol=2).dump(obj)
+    return buf.getvalue()
+
+
+def synthesize_images(n: int, seed: int, noise: float) -> tuple[np.ndarray, np.ndarray]:
+    """Class-dependent images: a smooth per-class colour pattern plus pixel noise."""
+    rng = np.random.default_rng(seed)
+    proto_rng = np.random.default_rng(12345)  # same classes for every split and seed
+    coarse = proto_rng.uniform(0, 255, size=(10, 3, 4, 4))
+    prototypes = coarse.repeat(8, axis=2).repeat(8, axis=3)  # 10 x 3 x 32 x 32
+    labels = rng.integers(0, 10, size=n)
+    images = prototypes[labels] + rng.normal(0, noise * 255, size=(n, 3, 32, 32))
+    return np.clip(images, 0, 255).astype(np.uint8), labels.astype(np.int64)
+
+
+def write_synthetic_archive(path: Path, train_size: int, test_size: int, seed: int,
+                            noise: float = 0.35) -> str:
+    """Write a learnable CIFAR-format tarball; returns its md5."""
+    if train_size < 5:
+        raise ValueError("synthetic train_size must be >= 5 (five training batches)")
+    train_x, train_y = synthesize_images(train_size, seed, noise)
+    test_x, test_y = synthesize_images(test_size, seed + 1, noise)
+    chunks = np.array_split(np.arange(train_size), len(TRAIN_FILES))
+    members = {}
+    for i, (name, idx) in enumerate(zip(TRAIN_FILES, chunks), start=1):
+        members[name] = _batch_dict(train_x[idx], train_y[idx], f"training batch {i} of 5")
+    members[TEST_FILE] = _batch_dict(test_x, test_y, "testing batch 1 of 1")
+    members[META_FILE] = {b"label_names": [n.encode() for n in LABEL_NAMES],
+                          b"num_cases_per_batch": int(len(chunks[0])), b"num_vis": IMAGE_BYTES}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    with tarfile.open(tmp, "w:gz") as tar:
+        for name, obj in members.items():
+            blob = _py2_pickle(obj)
+            info = tarfile.TarInfo(f"{BATCHES_DIR}/{name}")
+            info.size, info.mtime, info.mode = len(blob), 0, 0o644
+            tar.addfile(info, io.BytesIO(blob))
+    tmp.replace(path)
+    return md5sum(path)
+
+
+def _batch_dict(images: np.ndarray, labels: np.ndarray, label: str) -> dict:
+    return {b"batch_label": label.encode(), b"labels": [int(v) for v in labels],
+            b"data": np.ascontiguousarray(images.reshape(len(images), IMAGE_BYTES)),
+            b"filenames": [f"synthetic_{i:06d}.png".encode() for i in range(len(labels))]}
+
+
+def prepare_archive(source: str, dest_dir: Path, *, url: str = CIFAR_URL, md5: str = CIFAR_MD5,
+                    archive: str | None = None, synthetic: dict | None = None) -> Path:
+    """Bring the tarball for ``source`` (download | archive | synthetic) into dest_dir."""
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    target = dest_dir / ARCHIVE_NAME
+    if source == "download":
+        return download_archive(url, md5, dest_dir)
+    if source == "archive":
+        if not archive:
+            raise DatasetError("data.source is 'archive' but data.archive is empty: "
+                               "set it to the path of cifar-10-python.tar.gz")
+        verify_archive(Path(archive), md5)
+        if target.exists() or target.is_symlink():
+            target.unlink()
+        target.symlink_to(Path(archive).resolve())
+        return target
+    if source == "synthetic":
+        s = synthetic or {}
+        digest = write_synthetic_archive(target, int(s.get("train_size", 5000)),
+                                         int(s.get("test_size", 1000)), int(s.get("seed", 0)),
+                                         float(s.get("noise", 0.35)))
+        (dest_dir / (ARCHIVE_NAME + ".md5")).write_text(digest + "\n")
+        return target
+    raise DatasetError(f"unknown data.source {source!r}: use download, archive or synthetic")
+
+
+def expected_md5(archive: Path, configured: str) -> str:
+    """Synthetic archives carry their md5 beside them; real ones use the configured md5."""
+    sidecar = Path(str(archive) + ".md5")
+    return sidecar.read_text().strip() if sidecar.is_file() else configured

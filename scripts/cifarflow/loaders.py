@@ -1,0 +1,163 @@
+"""Batches for training and evaluation.
+
+Two interchangeable paths that visit images in the same order:
+
+* ``tensor`` (default): the whole uint8 split held in memory, each batch gathered,
+  cast and normalised in one vectorised step, optionally channels_last.
+* ``torchvision``: the seed's path, ``CIFAR10`` + ``ToTensor``/``Normalize`` per image
+  through a ``DataLoader`` with ``num_workers``, kept for comparison.
+
+The order of epoch ``e`` is a pure function of (seed, e), so a run can resume at any
+batch without saving sampler internals, and rank ``r`` of ``w`` takes every w-th index
+of the padded order exactly like ``DistributedSampler``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from . import data
+
+MEAN = STD = 0.5  # the seed's Normalize((0.5,)*3, (0.5,)*3)
+
+
+def epoch_order(n: int, seed: int, epoch: int, shuffle: bool = True) -> torch.Tensor:
+    if not shuffle:
+        return torch.arange(n)
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    return torch.randperm(n, generator=gen)
+
+
+def shard(order: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
+    """Pad to a multiple of world_size by wrapping around, then take rank::world_size."""
+    total = math.ceil(len(order) / world_size) * world_size
+    if total > len(order):
+        order = torch.cat([order, order[: total - len(order)]])
+    return order[rank::world_size]
+
+
+@dataclass
+class Split:
+    images: torch.Tensor  # (N, 3, 32, 32) uint8
+    labels: torch.Tensor  # (N,) int64
+
+    @classmethod
+    def load(cls, batches_dir: Path, train: bool) -> "Split":
+        x, y = data.load_split(batches_dir, train)
+        return cls(torch.from_numpy(x), torch.from_numpy(y))
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+
+def normalize(batch_u8: torch.Tensor, channels_last: bool) -> torch.Tensor:
+    x = batch_u8.float().mul_(1.0 / (255.0 * STD)).sub_(MEAN / STD)
+    return x.contiguous(memory_format=torch.channels_last) if channels_last else x
+
+
+class TensorBatches:
+    """Yields (images, labels) batches of one epoch, starting at batch ``start``."""
+
+    def __init__(self, split: Split, batch_size: int, seed: int, rank: int = 0,
+                 world_size: int = 1, channels_last: bool = True, device: str = "cpu",
+                 shuffle: bool = True, pin_memory: bool = False):
+        self.split, self.batch_size, self.seed = split, batch_size, seed
+        self.rank, self.world_size = rank, world_size
+        self.channels_last, self.device, self.shuffle = channels_last, device, shuffle
+        if pin_memory:
+            self.split = Split(split.images.pin_memory(), split.labels.pin_memory())
+
+    def indices(self, epoch: int) -> torch.Tensor:
+        return shard(epoch_order(len(self.split), self.seed, epoch, self.shuffle),
+                     self.rank, self.world_size)
+
+    def __len__(self) -> int:
+        return math.ceil(math.ceil(len(self.split) / self.world_size) / self.batch_size)
+
+    def epoch(self, epoch: int, start: int = 0):
+        idx = self.indices(epoch)
+        for b in range(start, len(self)):
+            sel = idx[b * self.batch_size:(b + 1) * self.batch_size]
+            x = self.split.images.index_select(0, sel)
+            y = self.split.labels.index_select(0, sel)
+            if self.device != "cpu":
+                x = x.to(self.device, non_blocking=True)
+                y = y.to(self.device, non_blocking=True)
+            yield normalize(x, self.channels_last), y
+
+
+class _OrderSampler(torch.utils.data.Sampler):
+    def __init__(self, indices: torch.Tensor):
+        self._indices = indices.tolist()
+
+    def __iter__(self):
+        return iter(self._indices)
+
+    def __len__(self) -> int:
+        return len(self._indices)
+
+
+def verified_cifar10(batches_dir: Path, train: bool, transform):
+    """torchvision's CIFAR10 class, checked against our manifest instead of the
+    official per-file md5s (which synthetic or re-packed data cannot match)."""
+    import json
+    from torchvision.datasets import CIFAR10
+
+    manifest = json.loads((Path(batches_dir) / data.MANIFEST).read_text())["files"]
+    md5 = {name: entry["md5"] for name, entry in manifest.items()}
+    meta_md5 = data.md5sum(Path(batches_dir) / data.META_FILE)
+    cls = type("ManifestCIFAR10", (CIFAR10,), {
+        "train_list": [[n, md5[n]] for n in data.TRAIN_FILES],
+        "test_list": [[data.TEST_FILE, md5[data.TEST_FILE]]],
+        "meta": dict(CIFAR10.meta, md5=meta_md5),
+    })
+    return cls(root=str(Path(batches_dir).parent), train=train, download=False,
+               transform=transform)
+
+
+class TorchvisionBatches(TensorBatches):
+    """The seed's per-image transform pipeline, same order as TensorBatches."""
+
+    def __init__(self, batches_dir: Path, split: Split, batch_size: int, seed: int,
+                 num_workers: int = 0, train: bool = True, **kw):
+        super().__init__(split, batch_size, seed, **kw)
+        import torchvision.transforms as T
+
+        transform = T.Compose([T.ToTensor(), T.Normalize((MEAN,) * 3, (STD,) * 3)])
+        self.dataset = verified_cifar10(batches_dir, train, transform)
+        self.num_workers = num_workers
+        self.pin_memory = self.device != "cpu"
+
+    def epoch(self, epoch: int, start: int = 0):
+        idx = self.indices(epoch)[start * self.batch_size:]
+        loader = torch.utils.data.DataLoader(
+            self.dataset, batch_size=self.batch_size, sampler=_OrderSampler(idx),
+            num_workers=self.num_workers, pin_memory=self.pin_memory,
+            persistent_workers=False)
+        for x, y in loader:
+            if self.device != "cpu":
+                x = x.to(self.device, non_blocking=True)
+                y = y.to(self.device, non_blocking=True)
+            if self.channels_last:
+                x = x.contiguous(memory_format=torch.channels_last)
+            yield x, y
+
+
+def eval_batches(split: Split, batch_size: int, rank: int, world_size: int,
+                 channels_last: bool, device: str):
+    """Test batches of this rank with a validity mask: every rank runs the same number
+    of forward passes (FSDP needs that) and padded duplicates are not counted."""
+    n = len(split)
+    total = math.ceil(n / world_size) * world_size
+    positions = torch.arange(total)[rank::world_size]
+    valid = positions < n
+    idx = positions % n
+    for b in range(0, len(idx), batch_size):
+        sel = idx[b:b + batch_size]
+        x = split.images.index_select(0, sel).to(device, non_blocking=True)
+        y = split.labels.index_select(0, sel).to(device, non_blocking=True)
+        yield normalize(x, channels_last), y, valid[b:b + batch_size].to(device)

@@ -1,0 +1,196 @@
+"""DistributedDataParallel: N processes, one per GPU (nccl) or per CPU slot (gloo).
+
+Processes come from ``srun`` under Slurm (rank from SLURM_PROCID, master = first host of
+SLURM_JOB_NODELIST, port derived from the job id) or from ``torchrun`` locally (RANK,
+WORLD_SIZE, MASTER_ADDR, MASTER_PORT). Anything inconsistent fails loudly instead of
+hanging or silently training a world of one.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+from dataclasses import dataclass
+
+from .base import Strategy, StrategyError
+
+
+@dataclass
+class DistEnv:
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    master_addr: str
+    master_port: int
+    launcher: str
+
+
+def first_host(nodelist: str) -> str:
+    """First host of a Slurm hostlist such as ``cn[0012-0014,0020],gpu7``."""
+    try:
+        out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True,
+                             text=True, timeout=10)
+        if out.returncode == 0 and out.stdout.split():
+            return out.stdout.split()[0]
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    m = re.match(r"([^,\[]+)(?:\[([^\]]+)\])?", nodelist.strip())
+    if not m:
+        raise StrategyError(f"cannot parse SLURM_JOB_NODELIST {nodelist!r}")
+    prefix, ranges = m.groups()
+    return prefix + ranges.split(",")[0].split("-")[0] if ranges else prefix
+
+
+def port_for_job(job_id: str) -> int:
+    """Distinct per job so two jobs sharing a node do not collide."""
+    return 20000 + int(re.sub(r"\D", "", job_id) or 0) % 20000
+
+
+def dist_env(environ=os.environ) -> DistEnv | None:
+    if "RANK" in environ and "WORLD_SIZE" in environ:  # torchrun
+        return DistEnv(int(environ["RANK"]), int(environ.get("LOCAL_RANK", 0)),
+                       int(environ["WORLD_SIZE"]),
+                       int(environ.get("LOCAL_WORLD_SIZE", environ["WORLD_SIZE"])),
+                       environ.get("MASTER_ADDR", "127.0.0.1"),
+                       int(environ.get("MASTER_PORT", 29500)), "torchrun")
+    if "SLURM_PROCID" in environ and "SLURM_NTASKS" in environ:  # srun
+        nodelist = environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST", "")
+        if not nodelist:
+            raise StrategyError("SLURM_JOB_NODELIST is unset: cannot find the master host")
+        world = int(environ["SLURM_NTASKS"])
+        nodes = int(environ.get("SLURM_STEP_NUM_NODES") or environ.get("SLURM_NNODES") or 1)
+        return DistEnv(int(environ["SLURM_PROCID"]), int(environ.get("SLURM_LOCALID", 0)), world,
+                       -(-world // nodes), environ.get("MASTER_ADDR") or first_host(nodelist),
+                       int(environ.get("MASTER_PORT") or port_for_job(environ.get("SLURM_JOB_ID", "0"))),
+                       "srun")
+    return None
+
+
+def require_dist_env(world_size: int, environ=os.environ) -> DistEnv:
+    env = dist_env(environ)
+    if env is not None:
+        return env
+    if world_size == 1:  # asked for a world of one: a single local process is that
+        return DistEnv(0, 0, 1, 1, "127.0.0.1", free_port(), "single process")
+    raise StrategyError("this strategy needs several processes but found no launcher: run it "
+                        "through the workflow (srun under Slurm, torchrun locally) or "
+                        "`torchrun --nproc-per-node N -m cifarflow train ...`")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def resolve(addr: str) -> str:
+    try:
+        return socket.getaddrinfo(addr, None, proto=socket.IPPROTO_TCP)[0][4][0]
+    except socket.gaierror as exc:
+        raise StrategyError(f"cannot resolve master address {addr!r}: {exc}") from exc
+
+
+class DDPStrategy(Strategy):
+    name = "ddp"
+    multi_process = True
+
+    @classmethod
+    def job_resources(cls, world_size, res):
+        nodes = int(res.get("nodes", 1))
+        if world_size % nodes:
+            raise ValueError(f"world_size {world_size} is not a multiple of nodes {nodes}")
+        per_node = world_size // nodes
+        out = {"nodes": nodes, "cpus_per_task": int(res["cpus_per_task"]),
+               "mem_mb": int(res["mem_mb"]) * per_node}  # --mem is per node
+        # the plugin takes tasks_per_node or tasks, not both; Lightning reads
+        # SLURM_NTASKS_PER_NODE, which only --ntasks-per-node sets
+        if per_node > 1:
+            out["tasks_per_node"] = per_node
+        else:
+            out["tasks"] = world_size
+        if res.get("device") == "cuda":  # one GPU per task, requested per node
+            gpu = f"gpu:{res['gpu_model']}:{per_node}" if res.get("gpu_model") else f"gpu:{per_node}"
+            out.update(gres=gpu, tasks_per_gpu=0)
+        return out
+
+    def uses_cuda(self) -> bool:
+        import torch
+
+        if self.cfg.device == "auto":
+            return torch.cuda.is_available()
+        return self.cfg.device == "cuda"
+
+    def backend(self, cuda: bool) -> str:
+        return self.cfg.backend if self.cfg.backend != "auto" else ("nccl" if cuda else "gloo")
+
+    def pick_device(self, env: DistEnv) -> str:
+        import torch
+
+        if not self.uses_cuda():
+            return "cpu"
+        from .gpu import apply_cuda_switches, require_cuda
+
+        require_cuda(self.name)
+        visible = torch.cuda.device_count()
+        if env.local_world_size > visible:
+            raise StrategyError(f"{env.local_world_size} processes on this node but only {visible} "
+                                "GPU(s) visible: request one GPU per task (tasks_per_node = GPUs)")
+        apply_cuda_switches(self.cfg)
+        torch.cuda.set_device(env.local_rank)
+        return f"cuda:{env.local_rank}"
+
+    def setup(self):
+        import datetime
+
+        import torch.distributed as dist
+
+        env = require_dist_env(self.cfg.world_size)
+        if env.world_size != self.cfg.world_size:
+            raise StrategyError(f"{env.launcher} started {env.world_size} processes but the run "
+                                f"expects world_size={self.cfg.world_size}: fix tasks/nproc")
+        self.rank, self.local_rank, self.world_size = env.rank, env.local_rank, env.world_size
+        super().setup()
+        self.device = self.pick_device(env)
+        backend = self.backend(self.device != "cpu")
+        addr = resolve(env.master_addr)
+        init = f"tcp://[{addr}]:{env.master_port}" if ":" in addr else f"tcp://{addr}:{env.master_port}"
+        if self.is_main:
+            print(f"[{self.name}] world {env.world_size} via {env.launcher}, backend {backend}, "
+                  f"master {env.master_addr}:{env.master_port}, device {self.device}", flush=True)
+        dist.init_process_group(backend, init_method=init, rank=env.rank,
+                                world_size=env.world_size,
+                                timeout=datetime.timedelta(seconds=float(
+                                    os.environ.get("CIFARFLOW_DIST_TIMEOUT_S", 300))))
+        self.backend_name = backend
+
+    def wrap(self, model):
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        model = super().wrap(model)
+        ids = [self.local_rank] if str(self.device).startswith("cuda") else None
+        return DDP(model, device_ids=ids)
+
+    def all_reduce(self, tensor, op="sum"):
+        import torch.distributed as dist
+
+        dist.all_reduce(tensor, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op])
+        return tensor
+
+    def barrier(self):
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.barrier()
+
+    def teardown(self):
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+    def describe(self):
+        return {**super().describe(), "backend": getattr(self, "backend_name", ""),
+                "lr_scaling": self.cfg.lr_scaling, "effective_lr": self.cfg.effective_lr()}

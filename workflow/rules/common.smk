@@ -1,0 +1,143 @@
+import json
+import os
+import shlex
+import sys
+from pathlib import Path
+
+from snakemake.utils import validate
+
+validate(config, schema="../schemas/config.schema.yaml")
+
+SCRIPTS = Path(workflow.basedir) / "scripts"
+sys.path.insert(0, str(SCRIPTS))
+# jobs inherit the environment (locally and through sbatch --export=ALL)
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    p for p in (str(SCRIPTS), os.environ.get("PYTHONPATH")) if p
+)
+
+from cifarflow.plan import build_runs  # noqa: E402  (no torch import: parsing stays fast)
+from cifarflow.strategies import get_strategy  # noqa: E402
+
+try:
+    RUNS = build_runs(config)
+except ValueError as exc:
+    raise WorkflowError(f"config error: {exc}")
+
+RESULTS = config["results"]
+DATA_DIR = f"{RESULTS}/data"
+BATCHES = f"{DATA_DIR}/cifar-10-batches-py"
+ENV = config["env"]
+PYTHON = sys.executable if ENV["mode"] == "current" else "python"
+PY = f"{PYTHON} -m cifarflow"
+MAX_SEGMENTS = config["segments"]["count"] + config["segments"]["max_extra"]
+
+
+def env_prologue():
+    """Shell lines that give a job its software: the Alliance way is
+    `module load`, a venv in $SLURM_TMPDIR and `pip install --no-index`."""
+    lines = [f"module load {' '.join(ENV['modules'])}"] if ENV["modules"] else []
+    no_index = "--no-index " if ENV["pip_no_index"] else ""
+    req = shlex.quote(str(Path(workflow.basedir) / ENV["requirements"]))
+    if ENV["mode"] == "slurm_tmpdir":
+        venv = "${SLURM_TMPDIR:-$(mktemp -d)}/env"
+        lines += [f"virtualenv --no-download {venv} 2>/dev/null || python -m venv {venv}",
+                  f"source {venv}/bin/activate",
+                  f"pip install -q {no_index}-r {req}"]
+    elif ENV["mode"] == "venv":
+        lines += [f"source {shlex.quote(ENV['venv'])}/bin/activate"]
+    return "".join(line + "; " for line in lines)
+
+
+PROLOGUE = env_prologue()
+
+
+def runs_of(strategy):
+    return [name for name, run in RUNS.items() if run.strategy == strategy]
+
+
+def segment_dir(run, segment):
+    return f"{RESULTS}/runs/{run}/segment-{segment}"
+
+
+def previous_segment(wildcards):
+    k = int(wildcards.segment)
+    return segment_dir(wildcards.run, k - 1) if k > 1 else []
+
+
+def train_params(wildcards):
+    run = RUNS[wildcards.run]
+    k = int(wildcards.segment)
+    args = ["--spec", json.dumps(run.spec), "--data", BATCHES,
+            "--out", segment_dir(run.name, k), "--work", f"{RESULTS}/runs/{run.name}/work",
+            "--until-epoch", str(run.until_epoch(k)),
+            "--margin-s", str(config["segments"]["margin_s"])]
+    if k > 1:
+        args += ["--resume", segment_dir(run.name, k - 1)]
+    if config["segments"]["budget_s"]:
+        args += ["--budget-s", str(config["segments"]["budget_s"])]
+    return " ".join(shlex.quote(a) for a in args)
+
+
+def resource_keys(strategy):
+    """The scheduler resources a strategy's runs ask for (the same keys for all of them)."""
+    return sorted({key for name in runs_of(strategy) for key in RUNS[name].resources})
+
+
+def run_resources(strategy):
+    """Rule resources: each a function of the run wildcard, plus {resources.mpi} for
+    strategies that start several processes (its presence tells the Slurm plugin not to
+    wrap the job in its own srun: our launcher calls srun itself)."""
+    res = {
+        key: (lambda wildcards, key=key: RUNS[wildcards.run].resources[key])
+        for key in resource_keys(strategy)
+    }
+    cls = get_strategy(strategy)
+    if cls.multi_process:
+        res["mpi"] = lambda wildcards: cls.launcher(
+            PYTHON, RUNS[wildcards.run].spec["world_size"]
+        )
+    return res
+
+
+def final_segment(run):
+    """Walk the chain: the planned last segment, plus extra ones while a segment stopped
+    early (time budget or signal). Each is a Snakemake checkpoint, so the DAG is
+    re-evaluated after it and grows only when needed."""
+    train_rule = getattr(checkpoints, f"train_{RUNS[run].strategy}")
+    k = len(RUNS[run].segment_epochs)
+    while True:
+        out = train_rule.get(run=run, segment=k).output.ckpt
+        manifest = json.loads((Path(out) / "checkpoint.json").read_text())
+        if manifest["done"]:
+            return out
+        if k >= MAX_SEGMENTS:
+            raise WorkflowError(f"run {run}: not finished after {k} segments; raise "
+                                "resources.runtime or segments.max_extra")
+        k += 1
+
+
+def final_metrics(wildcards):
+    return {run: f"{final_segment(run)}/metrics.jsonl" for run in RUNS}
+
+
+def launch_prefix(wildcards):
+    """{resources.mpi} for multi-process strategies; mps wraps it in its MPS daemon."""
+    run = RUNS[wildcards.run]
+    cls = get_strategy(run.strategy)
+    prefix = cls.launcher(PYTHON, run.spec["world_size"]) if cls.multi_process else ""
+    if run.strategy == "mps":
+        prefix = f"{PY} mps-run --replicas {run.spec['world_size']} -- {prefix}"
+    return prefix
+
+
+def existing_metrics():
+    """The most advanced finished segment of each run that has one."""
+    found = {}
+    for name in RUNS:
+        segments = sorted(
+            Path(f"{RESULTS}/runs/{name}").glob("segment-*/metrics.jsonl"),
+            key=lambda p: int(p.parent.name.split("-")[1]),
+        )
+        if segments:
+            found[name] = str(segments[-1])
+    return found

@@ -1,0 +1,38 @@
+# Both rules run where snakemake runs (the login node: it has internet, compute nodes don't).
+localrules:
+    fetch_dataset,
+    extract_dataset,
+
+
+rule fetch_dataset:
+    output:
+        archive=f"{DATA_DIR}/cifar-10-python.tar.gz",
+    params:
+        source=config["data"]["source"],
+        args=" ".join(
+            shlex.quote(a)
+            for a in [
+                "--url", config["data"]["url"],
+                "--md5", config["data"]["md5"],
+                "--archive", config["data"]["archive"] or "",
+                "--synthetic", json.dumps(config["data"]["synthetic"]),
+            ]
+        ),
+    log:
+        f"{RESULTS}/logs/fetch_dataset.log",
+    shell:
+        "{PY} fetch-data --source {params.source} --out-dir {DATA_DIR} {params.args} > {log} 2>&1"
+
+
+rule extract_dataset:
+    input:
+        archive=rules.fetch_dataset.output.archive,
+    output:
+        batches=directory(BATCHES),
+    params:
+        md5=config["data"]["md5"],
+    log:
+        f"{RESULTS}/logs/extract_dataset.log",
+    shell:
+        "{PY} extract-data --archive {input.archive} --md5 {params.md5} "
+        "--out-dir {DATA_DIR} > {log} 2>&1"

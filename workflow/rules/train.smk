@@ -1,0 +1,29 @@
+# One rule per strategy (so profiles can set resources per strategy), each a checkpoint:
+# segment k resumes from segment k-1; after each, the DAG is re-evaluated (final_segment)
+# and a further segment is added only if this one stopped before its target epoch.
+for _strategy in config["strategies"]:
+
+    checkpoint:
+        name:
+            f"train_{_strategy}"
+        input:
+            data=rules.extract_dataset.output.batches,
+            previous=previous_segment,
+        output:
+            ckpt=directory(f"{RESULTS}/runs/{{run}}/segment-{{segment}}"),
+        wildcard_constraints:
+            run="|".join(runs_of(_strategy)),
+            segment=r"\d+",
+        params:
+            args=train_params,
+            launch=launch_prefix,
+        log:
+            f"{RESULTS}/logs/train/{{run}}/segment-{{segment}}.log",
+        benchmark:
+            f"{RESULTS}/benchmarks/train/{{run}}/segment-{{segment}}.tsv"
+        threads: lambda wildcards: RUNS[wildcards.run].threads
+        resources:
+            **run_resources(_strategy),
+        shell:
+            "({PROLOGUE}{params.launch} {PY} train {params.args}"
+            " --threads {resources.cpus_per_task} --budget-min {resources.runtime}) > {log} 2>&1"
