@@ -71,12 +71,6 @@ def cmd_mps_run(a) -> None:
     sys.exit(run_with_mps(a.command, replicas=a.replicas, dry_run=a.dry_run))
 
 
-def cmd_launch(a) -> None:
-    from .launch import main as launch_main
-
-    launch_main(a.rest)
-
-
 def parser() -> argparse.ArgumentParser:
     from .data import CIFAR_MD5, CIFAR_URL
 
@@ -124,10 +118,8 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--keep-missing", action="store_true")
     g.set_defaults(func=cmd_aggregate)
 
-    la = sub.add_parser("launch", help="start N ranks with srun (Slurm) or torchrun",
-                        add_help=False)
-    la.add_argument("rest", nargs=argparse.REMAINDER)
-    la.set_defaults(func=cmd_launch)
+    sub.add_parser("launch", help="start N ranks with srun (Slurm) or torchrun: "
+                   "launch --nproc N [--self-spawning] -- COMMAND")
 
     m = sub.add_parser("mps-run", help="run a command under a private NVIDIA MPS daemon")
     m.add_argument("--replicas", type=int, required=True)
@@ -142,6 +134,11 @@ def main(argv=None) -> None:
     from .data import DatasetError
     from .strategies.base import StrategyError
 
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["launch"]:  # its own parser: everything after -- is the command
+        from .launch import main as launch_main
+
+        return launch_main(argv[1:])
     args = parser().parse_args(argv)
     try:
         args.func(args)

@@ -196,7 +196,7 @@ class Trainer:
             self.batches = TensorBatches(self.train_split, cfg.batch_size, cfg.seed,
                                          pin_memory=str(s.device).startswith("cuda"), **kw)
         model = build_model(cfg.model).to(s.device)
-        if cfg.channels_last:
+        if cfg.channels_last and s.channels_last_params:
             model = model.to(memory_format=torch.channels_last)
         self.model = s.wrap(model)
         self.optimizer = build_optimizer(cfg, self.model.parameters())
@@ -413,6 +413,8 @@ def run_training(cfg: TrainConfig, **kw) -> dict:
     strategy = get_strategy(cfg.strategy)(cfg)
     try:
         strategy.setup()
+        if hasattr(strategy, "fit"):  # strategies that bring their own loop (Lightning)
+            return strategy.fit(kw)
         return Trainer(cfg, strategy, **kw).run()
     finally:
         strategy.teardown()

@@ -4,7 +4,7 @@ import importlib
 
 from .base import STRATEGIES, Strategy, StrategyError, get_strategy
 
-MODULES = ("cpu", "gpu", "ddp", "fsdp", "mps")
+MODULES = ("cpu", "gpu", "ddp", "fsdp", "mps", "lightning")
 
 
 def load_all() -> dict:

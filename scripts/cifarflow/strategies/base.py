@@ -34,6 +34,7 @@ class Strategy:
     multi_process: ClassVar[bool] = False   # launched by {resources.mpi}: srun / torchrun
     gpus_per_process: ClassVar[float] = 0   # 0: CPU only; mps shares one GPU between ranks
     checkpointer_kind: ClassVar[str] = "file"
+    channels_last_params: ClassVar[bool] = True  # FSDP shards only contiguous parameters
 
     def __init_subclass__(cls, **kw):
         super().__init_subclass__(**kw)

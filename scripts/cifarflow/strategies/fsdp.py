@@ -7,6 +7,7 @@ from .ddp import DDPStrategy
 class FSDPStrategy(DDPStrategy):
     name = "fsdp"
     checkpointer_kind = "dcp"
+    channels_last_params = False  # inputs stay channels_last
 
     def wrap(self, model):
         import torch
