@@ -35,6 +35,7 @@ import argparse
 import json
 import math
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -55,11 +56,21 @@ def env(threads: int, **extra) -> dict:
     return e
 
 
-def run(cmd: list[str], environ: dict) -> str:
+def cpu_seconds() -> tuple[float, float]:
+    """(busy CPU seconds of the whole box, CPU seconds of our finished children)."""
+    v = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK"), ru.ru_utime + ru.ru_stime
+
+
+def run(cmd: list[str], environ: dict) -> tuple[str, float]:
+    """stdout, and the cores other users' processes kept busy meanwhile (contention)."""
+    (box0, ours0), t0 = cpu_seconds(), time.perf_counter()
     p = subprocess.run(cmd, cwd=ROOT, env=environ, capture_output=True, text=True)
+    (box1, ours1), wall = cpu_seconds(), time.perf_counter() - t0
     if p.returncode:
         sys.exit(f"failed ({p.returncode}): {' '.join(cmd)}\n{p.stdout}\n{p.stderr}")
-    return p.stdout
+    return p.stdout, max(0.0, (box1 - box0) - (ours1 - ours0)) / wall
 
 
 def make_data(n_train: int) -> Path:
@@ -75,10 +86,10 @@ def make_data(n_train: int) -> Path:
 
 
 def seed_run(batches: Path) -> dict:
-    out = run([PY, "bench/seed_cpu.py", "--batch_size", "512", "--num_workers", "0",
-               "--data", str(batches)], env(2, SLURM_CPUS_PER_TASK="2"))
+    out, busy = run([PY, "bench/seed_cpu.py", "--batch_size", "512", "--num_workers", "0",
+                     "--data", str(batches)], env(2, SLURM_CPUS_PER_TASK="2"))
     line = next(l for l in out.splitlines() if l.startswith("BENCH_RESULT "))
-    return json.loads(line.split(" ", 1)[1])
+    return {**json.loads(line.split(" ", 1)[1]), "foreign_cores": busy}
 
 
 def ours_run(name: str, spec: dict, batches: Path, threads: int, nproc: int = 1) -> dict:
@@ -94,10 +105,11 @@ def ours_run(name: str, spec: dict, batches: Path, threads: int, nproc: int = 1)
                str(nproc), "--no-python", PY] + cmd
     else:
         cmd = [PY] + cmd
-    run(cmd, env(threads))
+    stdout, busy = run(cmd, env(threads))
     recs = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines() if l]
     return {"epoch1": recs[0]["images_per_sec"],
-            "images_per_sec": statistics.mean(r["images_per_sec"] for r in recs[1:])}
+            "images_per_sec": statistics.mean(r["images_per_sec"] for r in recs[1:]),
+            "foreign_cores": busy, "describe": stdout.splitlines()[0 if nproc == 1 else 1]}
 
 
 def best(runs: list[dict]) -> dict:

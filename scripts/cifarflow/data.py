@@ -128,7 +128,8 @@ def load_split(batches_dir: Path, train: bool) -> tuple[np.ndarray, np.ndarray]:
 # --- synthetic data in the real format -------------------------------------------------
 
 class _Py2Pickler(pickle._Pickler):
-    """Writes ``bytes`` as Python 2 ``str`` opcodes, as the genuine CIFAR files do."""
+    """Writes ``bytes`` and ``str`` as Python 2 ``str`` opcodes (BINSTRING), as the
+    genuine CIFAR files (cPickle, Python 2) do; loading them needs encoding="latin1"."""
 
     dispatch = dict(pickle._Pickler.dispatch)
 
@@ -140,7 +141,11 @@ class _Py2Pickler(pickle._Pickler):
             self.write(pickle.BINSTRING + n.to_bytes(4, "little") + obj)
         self.memoize(obj)
 
+    def save_py2_ascii(self, obj: str) -> None:
+        self.save_py2_str(obj.encode("latin1"))
+
     dispatch[bytes] = save_py2_str
+    dispatch[str] = save_py2_ascii
 
 
 def _py2_pickle(obj) -> bytes:

@@ -260,7 +260,7 @@ class Trainer:
             if d is None or not d.exists():
                 continue
             if d == self.resume_dir:
-                m = ckpt.read_manifest(d, verify=False)  # a damaged input is an error
+                m = ckpt.read_manifest(d, verify=self.s.is_main)  # damaged input: an error
             else:
                 try:
                     m = ckpt.read_manifest(d, verify=True)

@@ -7,14 +7,29 @@ The training rules call it as ``{resources.mpi}``, so the same rule works under
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import sys
 
 
+def slurm_tasks(environ) -> int | None:
+    """Tasks of this allocation: SLURM_NTASKS (-n) or tasks-per-node x nodes."""
+    if environ.get("SLURM_NTASKS"):
+        return int(environ["SLURM_NTASKS"])
+    per_node = environ.get("SLURM_NTASKS_PER_NODE", "")
+    if per_node:
+        nodes = int(environ.get("SLURM_JOB_NUM_NODES") or environ.get("SLURM_NNODES") or 1)
+        return int(re.match(r"\d+", per_node).group()) * nodes
+    return None
+
+
 def launch_argv(nproc: int, command: list[str], self_spawning: bool = False,
                 environ=os.environ) -> list[str]:
-    if environ.get("SLURM_JOB_ID") and environ.get("SLURM_NTASKS"):
-        ntasks = int(environ["SLURM_NTASKS"])
+    if environ.get("SLURM_JOB_ID"):
+        ntasks = slurm_tasks(environ)
+        if ntasks is None:
+            raise SystemExit("launch: inside a Slurm job without tasks: request "
+                             f"tasks/tasks_per_node = {nproc} (the workflow's resources do)")
         if ntasks != nproc:
             raise SystemExit(f"launch: the Slurm job has {ntasks} tasks but the run needs "
                              f"{nproc}; set tasks/tasks_per_node to {nproc}")

@@ -51,6 +51,22 @@ def env_prologue():
 PROLOGUE = env_prologue()
 
 
+def slurm_placement():
+    """slurm_account / slurm_partition for every job: config first, else the user's
+    environment (SLURM_ACCOUNT, SLURM_PARTITION); absent means the cluster's default."""
+    res = {}
+    for key in ("account", "partition"):
+        value = config["slurm"][key] or os.environ.get(f"SLURM_{key.upper()}", "")
+        if value:
+            res[f"slurm_{key}"] = value
+    if config["slurm"]["extra"]:
+        res["slurm_extra"] = config["slurm"]["extra"]
+    return res
+
+
+SLURM_PLACEMENT = slurm_placement()
+
+
 def runs_of(strategy):
     return [name for name, run in RUNS.items() if run.strategy == strategy]
 
@@ -91,6 +107,7 @@ def run_resources(strategy):
         key: (lambda wildcards, key=key: RUNS[wildcards.run].resources[key])
         for key in resource_keys(strategy)
     }
+    res.update(SLURM_PLACEMENT)
     cls = get_strategy(strategy)
     if cls.multi_process:
         res["mpi"] = lambda wildcards: cls.launcher(

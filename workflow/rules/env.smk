@@ -9,5 +9,6 @@ rule record_environment:
     resources:
         runtime=10,
         mem_mb=2000,
+        **SLURM_PLACEMENT,
     shell:
         "{PROLOGUE}{PY} record-env --out {output.info} --freeze {output.freeze} > {log} 2>&1"

@@ -1,0 +1,104 @@
+"""Shared fixtures: small synthetic CIFAR data on disk, and helpers that run the real
+CLI, torchrun and snakemake as subprocesses."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from cifarflow import data  # noqa: E402
+
+PY = sys.executable
+ENV = {**os.environ, "PYTHONPATH": str(ROOT / "scripts"), "PYTHONUNBUFFERED": "1"}
+ENV.pop("SLURM_JOB_ID", None)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slurm: needs the local Slurm cluster (tests/slurm/cluster.sh)")
+
+
+@pytest.fixture(scope="session")
+def cifar_dir(tmp_path_factory) -> Path:
+    """cifar-10-batches-py with 2000 train / 400 test synthetic images, via the real
+    fetch + extract path."""
+    root = tmp_path_factory.mktemp("data")
+    archive = data.prepare_archive("synthetic", root, synthetic={"train_size": 2000,
+                                                                  "test_size": 400})
+    data.verify_archive(archive, data.expected_md5(archive, data.CIFAR_MD5))
+    return data.extract_archive(archive, root)
+
+
+def cli(*args, check=True, timeout=600, **kw) -> subprocess.CompletedProcess:
+    out = subprocess.run([PY, "-m", "cifarflow", *map(str, args)], env=ENV, capture_output=True,
+                         text=True, timeout=timeout, **kw)
+    if check and out.returncode != 0:
+        raise AssertionError(f"cifarflow {args[0]} failed ({out.returncode}):\n"
+                             f"{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
+    return out
+
+
+def spec(**kw) -> str:
+    base = {"run": "t", "epochs": 2, "batch_size": 100, "lr": 0.05, "eval_batch_size": 400,
+            "log_interval_s": 1000}
+    return json.dumps({**base, **kw})
+
+
+def train(data_dir, out, threads=2, nproc=1, **kw) -> subprocess.CompletedProcess:
+    args = ["train", "--spec", kw.pop("spec_json", None) or spec(**kw.pop("spec_kw", {})),
+            "--data", data_dir, "--out", out, "--threads", threads]
+    for key, value in kw.items():
+        args += [f"--{key.replace('_', '-')}", value]
+    if nproc > 1:
+        args = ["launch", "--nproc", nproc, "--", PY, "-m", "cifarflow", *args]
+    return cli(*args)
+
+
+def state_of(directory) -> dict:
+    import torch
+
+    return torch.load(Path(directory) / "state.pt", map_location="cpu", weights_only=False)
+
+
+def metrics_of(directory) -> list[dict]:
+    return [json.loads(l) for l in (Path(directory) / "metrics.jsonl").read_text().splitlines()]
+
+
+DETERMINISTIC_KEYS = ("epoch", "train_loss", "train_acc", "test_acc", "lr")
+
+
+def same_metrics(a: list[dict], b: list[dict]) -> bool:
+    return [{k: r[k] for k in DETERMINISTIC_KEYS} for r in a] == \
+           [{k: r[k] for k in DETERMINISTIC_KEYS} for r in b]
+
+
+def assert_bit_identical(sd_a: dict, sd_b: dict) -> None:
+    import torch
+
+    assert sd_a.keys() == sd_b.keys()
+    for key in sd_a:
+        assert torch.equal(sd_a[key], sd_b[key]), f"{key} differs"
+
+
+def snakemake(workdir: Path, *args, configfile=None, config=(), check=True, timeout=900,
+              env=None) -> subprocess.CompletedProcess:
+    cmd = [str(Path(PY).parent / "snakemake"), "-s", str(ROOT / "Snakefile"),
+           "--directory", str(workdir)]
+    if configfile:
+        cmd += ["--configfile", str(configfile)]
+    if config:
+        cmd += ["--config", *config]
+    cmd += list(map(str, args))
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                         env={**ENV, **(env or {})})
+    if check and out.returncode != 0:
+        raise AssertionError(f"snakemake failed ({out.returncode}):\n{out.stdout[-4000:]}\n"
+                             f"{out.stderr[-6000:]}")
+    return out

@@ -1,0 +1,88 @@
+import pickle
+import pickletools
+import tarfile
+
+import numpy as np
+import pytest
+
+from cifarflow import data
+from cifarflow.loaders import Split, TensorBatches, TorchvisionBatches, shard, epoch_order
+
+
+def test_synthetic_archive_has_the_real_layout(cifar_dir):
+    names = sorted(p.name for p in cifar_dir.iterdir())
+    assert names == sorted(data.TRAIN_FILES + [data.TEST_FILE, data.META_FILE, data.MANIFEST])
+    x, y = data.load_split(cifar_dir, train=True)
+    assert x.shape == (2000, 3, 32, 32) and x.dtype == np.uint8
+    assert y.shape == (2000,) and set(np.unique(y)) == set(range(10))
+
+
+def test_batches_are_python2_pickles_with_bytes_keys(cifar_dir):
+    raw = (cifar_dir / "data_batch_1").read_bytes()
+    ops = {op.name for op, _, _ in pickletools.genops(raw)}
+    assert "SHORT_BINSTRING" in ops or "BINSTRING" in ops  # Python 2 str opcodes
+    assert "SHORT_BINUNICODE" not in ops and "BINUNICODE" not in ops
+    with pytest.raises(UnicodeDecodeError):  # what a naive py3 load of real CIFAR does
+        pickle.loads(raw)
+    loaded = pickle.loads(raw, encoding="bytes")
+    assert b"data" in loaded and loaded[b"data"].shape[1] == 3072
+
+
+def test_loader_accepts_str_and_bytes_keys(tmp_path):
+    imgs = np.arange(2 * 3072, dtype=np.uint8).reshape(2, 3072)
+    for key_type in (str, bytes):
+        k = (lambda s: s.encode()) if key_type is bytes else (lambda s: s)
+        path = tmp_path / f"batch_{key_type.__name__}"
+        path.write_bytes(pickle.dumps({k("data"): imgs, k("labels"): [3, 7]}, protocol=2))
+        x, y = data.read_batch(path)
+        assert x.shape == (2, 3, 32, 32) and list(y) == [3, 7]
+        assert x[1, 0, 0, 0] == imgs[1, 0]
+
+
+def test_wrong_md5_is_a_clear_error(tmp_path):
+    archive = data.prepare_archive("synthetic", tmp_path, synthetic={"train_size": 50, "test_size": 10})
+    with pytest.raises(data.DatasetError, match="md5 mismatch .* set data.md5 to"):
+        data.verify_archive(archive, data.CIFAR_MD5)
+
+
+def test_truncated_archive_is_a_clear_error(tmp_path):
+    archive = data.prepare_archive("synthetic", tmp_path, synthetic={"train_size": 50, "test_size": 10})
+    cut = tmp_path / "cut.tar.gz"
+    cut.write_bytes(archive.read_bytes()[: archive.stat().st_size // 2])
+    with pytest.raises(data.DatasetError, match="md5 mismatch"):
+        data.verify_archive(cut, data.md5sum(archive))
+    with pytest.raises(data.DatasetError, match="truncated or corrupt"):
+        data.extract_archive(cut, tmp_path / "out")
+
+
+def test_archive_source_verifies_and_links(tmp_path):
+    src = data.prepare_archive("synthetic", tmp_path / "a", synthetic={"train_size": 50, "test_size": 10})
+    md5 = data.md5sum(src)
+    linked = data.prepare_archive("archive", tmp_path / "b", archive=str(src), md5=md5)
+    assert linked.resolve() == src.resolve()
+    with pytest.raises(data.DatasetError, match="md5 mismatch"):
+        data.prepare_archive("archive", tmp_path / "c", archive=str(src))  # official md5
+    with pytest.raises(data.DatasetError, match="data.archive is empty"):
+        data.prepare_archive("archive", tmp_path / "d", archive="")
+
+
+def test_download_offline_says_what_to_do(tmp_path):
+    with pytest.raises(data.DatasetError, match="data.source: archive"):
+        data.download_archive("http://127.0.0.1:9/cifar-10-python.tar.gz", data.CIFAR_MD5, tmp_path)
+
+
+def test_tensor_and_torchvision_paths_give_the_same_batches(cifar_dir):
+    split = Split.load(cifar_dir, train=True)
+    fast = TensorBatches(split, 64, seed=3, channels_last=False)
+    seed_path = TorchvisionBatches(cifar_dir, split, 64, seed=3, channels_last=False)
+    (xa, ya), (xb, yb) = next(fast.epoch(1)), next(seed_path.epoch(1))
+    assert (ya == yb).all()
+    assert (xa - xb).abs().max() < 1e-5  # (x/255-0.5)/0.5 both ways
+
+
+def test_sharding_is_a_partition_like_distributed_sampler():
+    order = epoch_order(10, seed=0, epoch=0)
+    parts = [shard(order, r, 3) for r in range(3)]
+    assert all(len(p) == 4 for p in parts)
+    assert set(np.concatenate([p.numpy() for p in parts])) == set(range(10))
+    assert not (epoch_order(10, 0, 0) == epoch_order(10, 0, 1)).all()

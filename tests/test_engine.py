@@ -1,0 +1,146 @@
+"""The engine through its real CLI: learning, determinism, exact segment resume,
+time-budget and signal stops, corrupt checkpoints and config changes."""
+
+import json
+import signal
+import subprocess
+import time
+
+import pytest
+
+from conftest import (ENV, PY, assert_bit_identical, cli, metrics_of, same_metrics, spec,
+                      state_of, train)
+from cifarflow import checkpoint as ckpt
+
+SPEC = dict(epochs=3, scheduler="cosine", momentum=0.9, weight_decay=5e-4)
+
+
+@pytest.fixture(scope="module")
+def reference(cifar_dir, tmp_path_factory):
+    """Three epochs in one segment: what every split variant must reproduce."""
+    out = tmp_path_factory.mktemp("ref") / "segment-1"
+    train(cifar_dir, out, spec_kw=SPEC)
+    return out
+
+
+def test_training_learns(reference):
+    history = metrics_of(reference)
+    assert [h["epoch"] for h in history] == [1, 2, 3]
+    assert history[-1]["train_loss"] < 0.8 * history[0]["train_loss"]
+    assert history[-1]["test_acc"] > 0.3  # chance is 0.1
+    for h in history:
+        assert h["images_per_sec"] > 0 and h["wall_s"] > 0 and h["peak_mem_mb"] > 0
+    manifest = ckpt.read_manifest(reference)
+    assert manifest["done"] and manifest["epoch"] == 3
+
+
+def test_same_seed_same_metrics_and_weights(cifar_dir, reference, tmp_path):
+    train(cifar_dir, tmp_path / "again", spec_kw=SPEC)
+    assert same_metrics(metrics_of(reference), metrics_of(tmp_path / "again"))
+    assert_bit_identical(state_of(reference)["model"], state_of(tmp_path / "again")["model"])
+
+
+def test_other_seed_differs(cifar_dir, reference, tmp_path):
+    train(cifar_dir, tmp_path / "s1", spec_kw={**SPEC, "seed": 1})
+    assert not same_metrics(metrics_of(reference), metrics_of(tmp_path / "s1"))
+
+
+def test_three_segments_equal_one_bit_for_bit(cifar_dir, reference, tmp_path):
+    prev = None
+    for k, until in enumerate([1, 2, 3], start=1):
+        out = tmp_path / f"segment-{k}"
+        extra = {"resume": prev} if prev else {}
+        train(cifar_dir, out, spec_kw=SPEC, until_epoch=until, **extra)
+        assert ckpt.read_manifest(out)["done"] == (k == 3)
+        prev = out
+    assert_bit_identical(state_of(reference)["model"], state_of(prev)["model"])
+    ref_opt, opt = state_of(reference)["optimizer"], state_of(prev)["optimizer"]
+    for key in ref_opt["state"]:
+        assert_bit_identical(ref_opt["state"][key], opt["state"][key])
+    assert same_metrics(metrics_of(reference), metrics_of(prev))
+
+
+def test_time_budget_stops_mid_epoch_and_resumes_exactly(cifar_dir, reference, tmp_path):
+    first = tmp_path / "segment-1"
+    out = train(cifar_dir, first, spec_kw=SPEC, budget_s=4, margin_s=0)
+    m = ckpt.read_manifest(first)
+    assert "time budget" in out.stdout
+    assert not m["done"] and (m["epoch"], m["step"]) < (3, 0)
+    train(cifar_dir, tmp_path / "segment-2", spec_kw=SPEC, resume=first)
+    assert_bit_identical(state_of(reference)["model"], state_of(tmp_path / "segment-2")["model"])
+    assert same_metrics(metrics_of(reference), metrics_of(tmp_path / "segment-2"))
+
+
+def test_sigusr2_checkpoints_at_next_batch_and_exits_cleanly(cifar_dir, reference, tmp_path):
+    first = tmp_path / "segment-1"
+    args = [PY, "-m", "cifarflow", "train", "--spec", spec(**{**SPEC, "batch_size": 20,
+            "log_interval_s": 0.2}), "--data", str(cifar_dir), "--out", str(first), "--threads", "2"]
+    proc = subprocess.Popen(args, env=ENV, stdout=subprocess.PIPE, text=True)
+    for line in proc.stdout:  # wait until it is inside the first epoch
+        if "batch" in line:
+            break
+    proc.send_signal(signal.SIGUSR2)
+    rest = proc.stdout.read()
+    assert proc.wait(timeout=120) == 0
+    assert "signal SIGUSR2" in rest
+    m = ckpt.read_manifest(first)
+    assert not m["done"] and m["epoch"] == 0 and m["step"] > 0
+    second = tmp_path / "segment-2"
+    train(cifar_dir, second, spec_json=spec(**{**SPEC, "batch_size": 20}), resume=first)
+    uninterrupted = tmp_path / "whole"
+    train(cifar_dir, uninterrupted, spec_json=spec(**{**SPEC, "batch_size": 20}))
+    assert_bit_identical(state_of(uninterrupted)["model"], state_of(second)["model"])
+
+
+def test_truncated_checkpoint_is_refused_with_its_name(cifar_dir, reference, tmp_path):
+    import shutil
+
+    broken = tmp_path / "segment-1"
+    shutil.copytree(reference, broken)
+    payload = broken / "state.pt"
+    payload.write_bytes(payload.read_bytes()[:1000])
+    with pytest.raises(ckpt.CheckpointError, match="truncated checkpoint: .*state.pt"):
+        ckpt.read_manifest(broken)
+    out = cli("train", "--spec", spec(**SPEC), "--data", cifar_dir, "--out",
+              tmp_path / "segment-2", "--resume", broken, check=False)
+    assert out.returncode == 2
+    assert "truncated checkpoint" in out.stderr and "state.pt" in out.stderr
+    (broken / "checkpoint.json").unlink()
+    with pytest.raises(ckpt.CheckpointError, match="incomplete checkpoint"):
+        ckpt.read_manifest(broken)
+
+
+def test_corrupt_bytes_are_detected(reference, tmp_path):
+    import shutil
+
+    broken = tmp_path / "c"
+    shutil.copytree(reference, broken)
+    raw = bytearray((broken / "state.pt").read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    (broken / "state.pt").write_bytes(bytes(raw))
+    with pytest.raises(ckpt.CheckpointError, match="sha256"):
+        ckpt.read_manifest(broken)
+
+
+def test_changed_training_config_is_refused(cifar_dir, reference, tmp_path):
+    out = cli("train", "--spec", spec(**{**SPEC, "lr": 0.1}), "--data", cifar_dir,
+              "--out", tmp_path / "next", "--resume", reference, check=False)
+    assert out.returncode == 2
+    assert "refusing to resume" in out.stderr and "lr: 0.05 -> 0.1" in out.stderr
+    # performance knobs may change between segments
+    train(cifar_dir, tmp_path / "ok", spec_kw={**SPEC, "channels_last": False}, resume=reference)
+
+
+def test_atomic_publish_never_leaves_a_half_checkpoint(tmp_path):
+    class Solo:
+        is_main, device = True, "cpu"
+
+        def barrier(self):
+            pass
+
+    target = tmp_path / "ck"
+    ckpt.FileCheckpointer().save(target, {"x": 1}, {"config_hash": "h", "epoch": 1, "step": 0}, Solo())
+    first = ckpt.read_manifest(target)
+    ckpt.FileCheckpointer().save(target, {"x": 2}, {"config_hash": "h", "epoch": 2, "step": 0}, Solo())
+    assert ckpt.read_manifest(target)["epoch"] == 2 and first["epoch"] == 1
+    assert not list(tmp_path.glob(".ck.*"))  # staging and old copies cleaned up
