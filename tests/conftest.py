@@ -36,8 +36,8 @@ def cifar_dir(tmp_path_factory) -> Path:
     return data.extract_archive(archive, root)
 
 
-def cli(*args, check=True, timeout=600, **kw) -> subprocess.CompletedProcess:
-    out = subprocess.run([PY, "-m", "cifarflow", *map(str, args)], env=ENV, capture_output=True,
+def cli(*args, check=True, timeout=600, env=None, **kw) -> subprocess.CompletedProcess:
+    out = subprocess.run([PY, "-m", "cifarflow", *map(str, args)], env=env or ENV, capture_output=True,
                          text=True, timeout=timeout, **kw)
     if check and out.returncode != 0:
         raise AssertionError(f"cifarflow {args[0]} failed ({out.returncode}):\n"
@@ -92,7 +92,8 @@ def snakemake(workdir: Path, *args, configfile=None, config=(), check=True, time
     cmd = [str(Path(PY).parent / "snakemake"), "-s", str(ROOT / "Snakefile"),
            "--directory", str(workdir)]
     if configfile:
-        cmd += ["--configfile", str(configfile)]
+        files = configfile if isinstance(configfile, (list, tuple)) else [configfile]
+        cmd += ["--configfile", *map(str, files)]
     if config:
         cmd += ["--config", *config]
     cmd += list(map(str, args))

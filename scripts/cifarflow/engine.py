@@ -378,6 +378,10 @@ class Trainer:
                 reason = stop.should_stop(rec["wall_s"] / max(1, steps) + save_s)
         if reason:
             self.log(f"stopping at epoch {p.epoch + 1} batch {p.step}: {reason}; checkpointing")
+            if self.work_dir and reason.startswith("signal"):
+                # Slurm may still mark the job failed (TIMEOUT) and Snakemake then drops
+                # its outputs: the in-segment copy is what the rerun resumes from
+                self.save(self.work_dir)
         save_s = self.save(self.out_dir)
         if self.s.is_main:
             write_metrics(self.out_dir / METRICS, p.history)

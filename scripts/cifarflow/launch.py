@@ -9,34 +9,34 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import subprocess
 import sys
 
 
-def slurm_tasks(environ) -> int | None:
-    """Tasks of this allocation: SLURM_NTASKS (-n) or tasks-per-node x nodes."""
-    if environ.get("SLURM_NTASKS"):
-        return int(environ["SLURM_NTASKS"])
-    per_node = environ.get("SLURM_NTASKS_PER_NODE", "")
-    if per_node:
-        nodes = int(environ.get("SLURM_JOB_NUM_NODES") or environ.get("SLURM_NNODES") or 1)
-        return int(re.match(r"\d+", per_node).group()) * nodes
-    return None
+def allocation_tasks(job_id: str) -> int | None:
+    """NumTasks of the job, from scontrol: the Snakemake jobstep strips SLURM_NTASKS & co.
+    from the environment of the job's command."""
+    try:
+        out = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True,
+                             text=True, timeout=20).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    found = re.search(r"NumTasks=(\d+)", out)
+    return int(found.group(1)) if found else None
 
 
-def launch_argv(nproc: int, command: list[str], self_spawning: bool = False,
-                environ=os.environ) -> list[str]:
+def launch_argv(nproc: int, command: list[str], nodes: int = 1, cpus_per_task: int = 1,
+                self_spawning: bool = False, environ=os.environ, tasks_of=allocation_tasks) -> list[str]:
     if environ.get("SLURM_JOB_ID"):
-        ntasks = slurm_tasks(environ)
-        if ntasks is None:
-            raise SystemExit("launch: inside a Slurm job without tasks: request "
-                             f"tasks/tasks_per_node = {nproc} (the workflow's resources do)")
-        if ntasks != nproc:
+        ntasks = tasks_of(environ["SLURM_JOB_ID"])
+        if ntasks is not None and ntasks != nproc:
             raise SystemExit(f"launch: the Slurm job has {ntasks} tasks but the run needs "
                              f"{nproc}; set tasks/tasks_per_node to {nproc}")
-        cpus = environ.get("SLURM_CPUS_PER_TASK", "1")
-        # srun no longer inherits --cpus-per-task from sbatch (Slurm >= 22.05)
-        return ["srun", "--kill-on-bad-exit=1", f"--ntasks={ntasks}",
-                f"--cpus-per-task={cpus}", *command]
+        # explicit step geometry: srun inherits none of it (Slurm >= 22.05 and the
+        # jobstep's cleaned environment); Lightning reads SLURM_NTASKS_PER_NODE
+        return ["srun", "--kill-on-bad-exit=1", f"--nodes={nodes}", f"--ntasks={nproc}",
+                f"--ntasks-per-node={nproc // nodes}", f"--cpus-per-task={cpus_per_task}",
+                *command]
     if self_spawning:  # Lightning starts its own worker processes outside Slurm
         return list(command)
     return [sys.executable, "-m", "torch.distributed.run", "--standalone",
@@ -48,11 +48,13 @@ def main(argv=None) -> None:
 
     p = argparse.ArgumentParser(prog="cifarflow launch")
     p.add_argument("--nproc", type=int, required=True)
+    p.add_argument("--nodes", type=int, default=1)
+    p.add_argument("--cpus-per-task", type=int, default=1)
     p.add_argument("--self-spawning", action="store_true")
     p.add_argument("command", nargs=argparse.REMAINDER)
     a = p.parse_args(argv)
     command = a.command[1:] if a.command[:1] == ["--"] else a.command
-    argv = launch_argv(a.nproc, command, a.self_spawning)
+    argv = launch_argv(a.nproc, command, a.nodes, a.cpus_per_task, a.self_spawning)
     print(f"[launch] {shlex.join(argv)}", flush=True)
     os.execvp(argv[0], argv)
 

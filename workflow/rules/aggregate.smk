@@ -15,9 +15,7 @@ def runs_json(metrics):
                 "swept": run.swept,
                 "spec": run.spec,
                 "resources": run.resources,
-                "segments": int(Path(metrics[name]).parent.name.split("-")[1])
-                if name in metrics
-                else None,
+                "segments": segment_number(metrics.get(name, "")),
                 "metrics": metrics.get(name),
             }
             for name, run in RUNS.items()
@@ -27,7 +25,7 @@ def runs_json(metrics):
 
 rule aggregate_results:
     input:
-        unpack(final_metrics),
+        **final_metrics(),
         env=rules.record_environment.output.info,
     output:
         summary=report(f"{RESULTS}/summary.csv", category="Summary", caption="../report/summary.rst"),

@@ -1,5 +1,6 @@
 import json
 import os
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -110,9 +111,7 @@ def run_resources(strategy):
     res.update(SLURM_PLACEMENT)
     cls = get_strategy(strategy)
     if cls.multi_process:
-        res["mpi"] = lambda wildcards: cls.launcher(
-            PYTHON, RUNS[wildcards.run].spec["world_size"]
-        )
+        res["mpi"] = lambda wildcards: launcher_of(RUNS[wildcards.run])
     return res
 
 
@@ -133,18 +132,31 @@ def final_segment(run):
         k += 1
 
 
-def final_metrics(wildcards):
-    return {run: f"{final_segment(run)}/metrics.jsonl" for run in RUNS}
+def final_metrics():
+    """One input function per run: each waits on its own chain, so Snakemake schedules
+    all runs at once (an unpack()ed function would wake them one at a time)."""
+    return {
+        run: (lambda wildcards, run=run: f"{final_segment(run)}/metrics.jsonl")
+        for run in RUNS
+    }
+
+
+def launcher_of(run):
+    return get_strategy(run.strategy).launcher(PYTHON, run.spec.get("world_size", 1), run.resources)
 
 
 def launch_prefix(wildcards):
     """{resources.mpi} for multi-process strategies; mps wraps it in its MPS daemon."""
     run = RUNS[wildcards.run]
-    cls = get_strategy(run.strategy)
-    prefix = cls.launcher(PYTHON, run.spec["world_size"]) if cls.multi_process else ""
+    prefix = launcher_of(run)
     if run.strategy == "mps":
         prefix = f"{PY} mps-run --replicas {run.spec['world_size']} -- {prefix}"
     return prefix
+
+
+def segment_number(path):
+    found = re.search(r"segment-(\d+)", str(path))
+    return int(found.group(1)) if found else None
 
 
 def existing_metrics():
@@ -153,7 +165,7 @@ def existing_metrics():
     for name in RUNS:
         segments = sorted(
             Path(f"{RESULTS}/runs/{name}").glob("segment-*/metrics.jsonl"),
-            key=lambda p: int(p.parent.name.split("-")[1]),
+            key=segment_number,
         )
         if segments:
             found[name] = str(segments[-1])

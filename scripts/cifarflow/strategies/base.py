@@ -48,12 +48,17 @@ class Strategy:
         executor plugin maps them); res is config['resources'] after the sweep."""
         return {"cpus_per_task": int(res["cpus_per_task"]), "mem_mb": int(res["mem_mb"])}
 
+    self_spawning: ClassVar[bool] = False   # starts its own workers outside Slurm
+
     @classmethod
-    def launcher(cls, python: str, world_size: int) -> str:
+    def launcher(cls, python: str, world_size: int, resources: dict) -> str:
         """The value of {resources.mpi}: empty for one process (no srun, no torchrun)."""
         if not cls.multi_process or world_size == 1:
             return ""
-        return f"{python} -m cifarflow launch --nproc {world_size} --"
+        spawn = " --self-spawning" if cls.self_spawning else ""
+        return (f"{python} -m cifarflow launch --nproc {world_size} --nodes "
+                f"{resources.get('nodes', 1)} --cpus-per-task {resources['cpus_per_task']}"
+                f"{spawn} --")
 
     # ---- process side ------------------------------------------------------------------
     def __init__(self, cfg):

@@ -20,13 +20,8 @@ from .ddp import DDPStrategy
 class LightningStrategy(Strategy):
     name = "lightning"
     multi_process = True
+    self_spawning = True
     job_resources = DDPStrategy.job_resources
-
-    @classmethod
-    def launcher(cls, python, world_size):
-        if world_size == 1:
-            return ""
-        return f"{python} -m cifarflow launch --self-spawning --nproc {world_size} --"
 
     def setup(self):
         super().setup()  # threads only: Lightning owns devices and the process group

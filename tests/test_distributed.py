@@ -1,0 +1,173 @@
+"""Distributed strategies with 2 real gloo ranks on CPU, and the CUDA-only strategies'
+fail-fast paths (their launch plans are checked up to the CUDA check)."""
+
+import json
+import os
+
+import pytest
+import torch
+
+from conftest import (ENV, PY, assert_bit_identical, cli, metrics_of, same_metrics, spec,
+                      state_of, train)
+from cifarflow import checkpoint as ckpt
+from cifarflow.launch import launch_argv
+from cifarflow.strategies.base import StrategyError
+from cifarflow.strategies.ddp import dist_env, first_host, port_for_job, require_dist_env
+
+COMMON = dict(epochs=2, momentum=0.9, lr=0.05)
+
+
+@pytest.fixture(scope="module")
+def single_2b(cifar_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("single") / "s"
+    train(cifar_dir, out, spec_kw={**COMMON, "batch_size": 200})
+    return out
+
+
+@pytest.fixture(scope="module")
+def ddp_b(cifar_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("ddp") / "s"
+    train(cifar_dir, out, threads=1, nproc=2, spec_kw={**COMMON, "batch_size": 100,
+          "strategy": "ddp", "world_size": 2, "device": "cpu"})
+    return out
+
+
+def close(a: dict, b: dict, tol: float) -> float:
+    worst = max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
+    assert worst < tol, f"max abs difference {worst}"
+    return worst
+
+
+def test_ddp_two_ranks_match_one_process_with_double_batch(single_2b, ddp_b):
+    close(state_of(single_2b)["model"], state_of(ddp_b)["model"], 1e-4)
+    a, b = metrics_of(single_2b), metrics_of(ddp_b)
+    for x, y in zip(a, b):
+        assert abs(x["train_loss"] - y["train_loss"]) < 1e-4
+        assert abs(x["test_acc"] - y["test_acc"]) < 0.01
+    assert all(r["world_size"] == 2 for r in b)
+    assert b[-1]["images_per_sec"] == pytest.approx(2 * b[-1]["images_per_sec_per_rank"], rel=0.5)
+
+
+def test_ddp_segments_resume_exactly(cifar_dir, ddp_b, tmp_path):
+    kw = dict(threads=1, nproc=2, spec_kw={**COMMON, "batch_size": 100, "strategy": "ddp",
+                                           "world_size": 2, "device": "cpu"})
+    train(cifar_dir, tmp_path / "s1", until_epoch=1, **kw)
+    train(cifar_dir, tmp_path / "s2", resume=tmp_path / "s1", **kw)
+    assert_bit_identical(state_of(ddp_b)["model"], state_of(tmp_path / "s2")["model"])
+    assert same_metrics(metrics_of(ddp_b), metrics_of(tmp_path / "s2"))
+
+
+def fsdp_full_weights(directory):
+    """Gather the DCP shards into one state dict (offline, no process group)."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    target = directory.parent / (directory.name + "-full.pt")
+    dcp_to_torch_save(directory / "shards", target)
+    return torch.load(target, weights_only=False)["model"]
+
+
+def test_fsdp_matches_ddp_and_its_sharded_checkpoint_resumes(cifar_dir, ddp_b, tmp_path):
+    kw = dict(threads=1, nproc=2, spec_kw={**COMMON, "batch_size": 100, "strategy": "fsdp",
+                                           "world_size": 2, "device": "cpu"})
+    train(cifar_dir, tmp_path / "s1", until_epoch=1, **kw)
+    m = ckpt.read_manifest(tmp_path / "s1")
+    assert m["backend"] == "dcp" and any(f.startswith("shards/") for f in m["files"])
+    train(cifar_dir, tmp_path / "s2", resume=tmp_path / "s1", **kw)
+    fsdp = fsdp_full_weights(tmp_path / "s2")
+    close(state_of(ddp_b)["model"], fsdp, 1e-4)
+    assert same_metrics(metrics_of(tmp_path / "s2"), metrics_of(tmp_path / "s2"))
+    whole = tmp_path / "whole"
+    train(cifar_dir, whole, **kw)
+    assert_bit_identical(fsdp_full_weights(whole), fsdp)
+
+
+def test_lightning_two_processes_beat_chance_and_resume(cifar_dir, tmp_path):
+    kw = dict(threads=1, nproc=2, spec_kw={**COMMON, "epochs": 3, "batch_size": 100,
+                                           "strategy": "lightning", "world_size": 2,
+                                           "device": "cpu"})
+    kw["spec_json"] = spec(**kw.pop("spec_kw"))
+    # Lightning spawns its own workers locally: launch runs the command once
+    cli("launch", "--self-spawning", "--nproc", 2, "--", PY, "-m", "cifarflow", "train",
+        "--spec", kw["spec_json"], "--data", cifar_dir, "--out", tmp_path / "s1",
+        "--until-epoch", 2, "--threads", 1)
+    assert ckpt.read_manifest(tmp_path / "s1")["epoch"] == 2
+    cli("launch", "--self-spawning", "--nproc", 2, "--", PY, "-m", "cifarflow", "train",
+        "--spec", kw["spec_json"], "--data", cifar_dir, "--out", tmp_path / "s2",
+        "--resume", tmp_path / "s1", "--threads", 1)
+    history = metrics_of(tmp_path / "s2")
+    assert [h["epoch"] for h in history] == [1, 2, 3]
+    assert history[-1]["world_size"] == 2
+    assert history[-1]["test_acc"] > 0.3 and history[-1]["train_loss"] < history[0]["train_loss"]
+    assert ckpt.read_manifest(tmp_path / "s2")["done"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
+@pytest.mark.parametrize("strategy", ["gpu", "mps"])
+def test_cuda_strategies_fail_fast_with_one_clear_line(cifar_dir, tmp_path, strategy):
+    out = cli("train", "--spec", spec(strategy=strategy, world_size=1), "--data", cifar_dir,
+              "--out", tmp_path / "o", check=False, timeout=120)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "needs a CUDA GPU" in lines[0], out.stderr
+
+
+def test_mps_wrapper_plans_a_private_daemon_then_refuses_without_gpu(tmp_path):
+    env_extra = {"SLURM_TMPDIR": str(tmp_path), "SLURM_JOB_ID": "4242"}
+    out = cli("mps-run", "--replicas", 4, "--dry-run", "--", "echo", "replica-started",
+              env={**ENV, **env_extra})
+    assert f"CUDA_MPS_PIPE_DIRECTORY={tmp_path}/nvidia-mps-4242/pipe" in out.stdout
+    assert f"CUDA_MPS_LOG_DIRECTORY={tmp_path}/nvidia-mps-4242/log" in out.stdout
+    assert "start: nvidia-cuda-mps-control -d" in out.stdout
+    assert "stop:  echo quit | nvidia-cuda-mps-control" in out.stdout
+    if os.system("command -v nvidia-cuda-mps-control >/dev/null") != 0:
+        real = cli("mps-run", "--replicas", 4, "--", "echo", "replica-started", check=False,
+                   env={**ENV, **env_extra})
+        assert real.returncode == 2
+        assert real.stderr.strip().startswith("mps: needs an NVIDIA GPU")
+        assert "\nreplica-started" not in real.stdout  # the replicas never started
+
+
+def test_launcher_uses_srun_inside_slurm_and_torchrun_outside():
+    cmd = ["python", "-m", "cifarflow", "train"]
+    inside = launch_argv(4, cmd, nodes=2, cpus_per_task=3, environ={"SLURM_JOB_ID": "7"},
+                         tasks_of=lambda job: 4)
+    assert inside[:6] == ["srun", "--kill-on-bad-exit=1", "--nodes=2", "--ntasks=4",
+                          "--ntasks-per-node=2", "--cpus-per-task=3"]
+    assert inside[6:] == cmd
+    outside = launch_argv(2, cmd, environ={})
+    assert "torch.distributed.run" in outside and "--nproc-per-node=2" in outside
+    assert launch_argv(2, cmd, self_spawning=True, environ={}) == cmd
+    with pytest.raises(SystemExit, match="has 4 tasks but the run needs 2"):
+        launch_argv(2, cmd, environ={"SLURM_JOB_ID": "7"}, tasks_of=lambda job: 4)
+
+
+def test_rank_and_master_come_from_slurm():
+    env = dist_env({"SLURM_PROCID": "3", "SLURM_LOCALID": "1", "SLURM_NTASKS": "4",
+                    "SLURM_NNODES": "2", "SLURM_JOB_NODELIST": "cn[0012-0013]",
+                    "SLURM_JOB_ID": "123456"})
+    assert (env.rank, env.local_rank, env.world_size, env.local_world_size) == (3, 1, 4, 2)
+    assert env.master_addr == "cn0012" and env.master_port == port_for_job("123456")
+    assert port_for_job("123456") != port_for_job("123457")
+    assert first_host("gpu7,cn[1-3]") == "gpu7"
+
+
+def test_no_launcher_fails_loudly_instead_of_a_world_of_one():
+    with pytest.raises(StrategyError, match="found no launcher"):
+        require_dist_env(2, environ={})
+    assert require_dist_env(1, environ={}).world_size == 1
+
+
+def test_world_size_mismatch_fails_loudly(cifar_dir, tmp_path):
+    out = cli("launch", "--nproc", 2, "--", PY, "-m", "cifarflow", "train", "--spec",
+              spec(strategy="ddp", world_size=3, device="cpu"), "--data", cifar_dir,
+              "--out", tmp_path / "o", "--threads", 1, check=False, timeout=300)
+    assert out.returncode != 0
+    assert "started 2 processes but the run expects world_size=3" in out.stderr
+
+
+def test_unresolvable_master_fails_loudly(cifar_dir, tmp_path):
+    env = {**ENV, "RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "no-such-host.invalid",
+           "MASTER_PORT": "29999"}
+    out = cli("train", "--spec", spec(strategy="ddp", world_size=2, device="cpu"), "--data",
+              cifar_dir, "--out", tmp_path / "o", check=False, timeout=120, env=env)
+    assert out.returncode == 2 and "cannot resolve master address" in out.stderr

@@ -1,0 +1,144 @@
+"""End to end against a real Slurm (slurmctld + slurmd on this machine, started by
+tests/slurm/cluster.sh): every segment and the environment record are sbatch jobs,
+ddp ranks are started by srun, fetch/extract/aggregate stay on the login node."""
+
+import json
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ENV, PY, ROOT, snakemake
+from cifarflow import checkpoint as ckpt
+
+pytestmark = pytest.mark.slurm
+CONFIG = ROOT / "tests" / "configs" / "slurm" / "config.yaml"
+FAST_POLLING = ["--slurm-status-command", "squeue", "--slurm-init-seconds-before-status-checks",
+                "1", "--seconds-between-status-checks", "1", "--latency-wait", "5"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cluster():
+    out = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True)
+    if out.returncode != 0 or not re.search(r"idle|mix|alloc", out.stdout):
+        pytest.fail("no Slurm cluster: run `bash tests/slurm/cluster.sh start` (make test does)")
+
+
+def slurm(workdir, *args, configfile=CONFIG, **kw):
+    return snakemake(workdir, "--profile", ROOT / "profiles" / "slurm", *FAST_POLLING, "--verbose",
+                     *args, configfile=configfile, **kw)
+
+
+def submitted(stdout: str) -> dict:
+    """rule name -> SLURM job ids, from the plugin's own log lines."""
+    jobs = {}
+    for rule, jobid in re.findall(r"slurm_logs/rule_(\w+)/\S*?(\d+)\.log", stdout):
+        jobs.setdefault(rule, []).append(jobid)
+    return jobs
+
+
+def job_state(jobid: str) -> str:
+    return subprocess.run(["squeue", "-t", "all", "-h", f"-j{jobid}", "-o", "%T"],
+                          capture_output=True, text=True).stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def slurm_run(tmp_path_factory):
+    work = tmp_path_factory.mktemp("slurm")
+    out = slurm(work)
+    text = out.stdout + out.stderr
+    print("\n--- sbatch calls the plugin issued ---")
+    for line in re.findall(r"^.*sbatch call: .*$", text, flags=re.M):
+        print(line.strip())
+    return work, text
+
+
+def test_every_job_but_the_local_rules_ran_under_slurm(slurm_run):
+    work, text = slurm_run
+    jobs = submitted(text)
+    assert set(jobs) == {"record_environment", "train_cpu", "train_ddp"}, jobs
+    assert len(jobs["train_cpu"]) == 2 and len(jobs["train_ddp"]) == 2
+    assert len(set(jobs["train_cpu"])) == 2  # each segment its own job
+    for ids in jobs.values():
+        for jobid in ids:
+            assert job_state(jobid) == "COMPLETED", jobid
+    for rule in ("fetch_dataset", "extract_dataset", "aggregate_results"):
+        assert re.search(rf"localrule {rule}:", text), rule
+    assert re.search(r"sbatch call: sbatch .*--ntasks-per-node=2", text)
+    env = json.loads((work / "results/environment/environment.json").read_text())
+    assert env["slurm"]["SLURM_JOB_ID"] in jobs["record_environment"]
+
+
+def test_segments_and_ranks_record_their_slurm_jobs(slurm_run):
+    work, text = slurm_run
+    jobs = submitted(text)
+    for run, rule in (("cpu", "train_cpu"), ("ddp", "train_ddp")):
+        manifests = [ckpt.read_manifest(work / f"results/runs/{run}/segment-{k}") for k in (1, 2)]
+        ids = [m["slurm_job_id"] for m in manifests]
+        assert sorted(ids) == sorted(jobs[rule]) and ids[0] != ids[1]
+        history = [json.loads(l) for l in
+                   (work / f"results/runs/{run}/segment-2/metrics.jsonl").read_text().splitlines()]
+        assert [h["slurm_job_id"] for h in history] == ids  # epoch 1 in job 1, epoch 2 in job 2
+    log = (work / "results/logs/train/ddp/segment-1.log").read_text()
+    assert "[launch] srun --kill-on-bad-exit=1 --nodes=1 --ntasks=2" in log
+    assert "world 2 via srun, backend gloo" in log
+
+
+def test_summary_is_complete(slurm_run):
+    work, _ = slurm_run
+    import csv
+
+    rows = {r["run"]: r for r in csv.DictReader(open(work / "results/summary.csv"))}
+    assert set(rows) == {"cpu", "ddp"}
+    assert rows["ddp"]["world_size"] == "2" and rows["cpu"]["world_size"] == "1"
+    for r in rows.values():
+        assert r["status"] == "ok" and r["epochs"] == "2" and float(r["test_acc"]) > 0.2
+        assert len(r["slurm_job_ids"].split()) == 2
+
+
+def train_job_id(comment: str) -> str | None:
+    out = subprocess.run(["squeue", "-h", "-t", "R", "-o", "%i %k"], capture_output=True,
+                         text=True).stdout
+    return next((line.split()[0] for line in out.splitlines() if line.endswith(comment)), None)
+
+
+def test_job_killed_for_its_time_limit_resumes_on_rerun(tmp_path):
+    """Slurm, not the segment's own timer, ends the job: its limit is cut to 30 s while
+    it runs (the segment planned for the rule's 10 min). The rerun resumes from the
+    last in-segment checkpoint."""
+    long_run = tmp_path / "long.yaml"
+    long_run.write_text("strategies: [cpu]\nsegments: {count: 1}\n"
+                        "train: {epochs: 60, batch_size: 10, lr: 0.01, checkpoint_interval_s: 2}\n")
+    cmd = [str(Path(PY).parent / "snakemake"), "-s", str(ROOT / "Snakefile"), "--directory",
+           str(tmp_path), "--profile", str(ROOT / "profiles/slurm"), *FAST_POLLING,
+           "--configfile", str(CONFIG), str(long_run)]
+    t0 = time.time()
+    proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    work = tmp_path / "results/runs/cpu/work/checkpoint.json"
+    jobid = None
+    while time.time() - t0 < 300 and not (jobid and work.exists()):
+        jobid = jobid or train_job_id("rule_train_cpu_wildcards_cpu_1")
+        time.sleep(1)
+    assert jobid and work.exists(), "training job did not start"
+    subprocess.run(["scontrol", "update", f"JobId={jobid}", "TimeLimit=0:30"], check=True)
+    output = proc.communicate(timeout=400)[0]
+    assert proc.returncode != 0
+    assert job_state(jobid) == "TIMEOUT" and "TIMEOUT" in output
+    before = ckpt.read_manifest(tmp_path / "results/runs/cpu/work")
+    assert (before["epoch"], before["step"]) > (0, 0)
+    slurm(tmp_path, "--rerun-incomplete", configfile=[CONFIG, long_run])
+    log = (tmp_path / "results/logs/train/cpu/segment-1.log").read_text()
+    assert "resumed from results/runs/cpu/work at epoch" in log
+    assert ckpt.read_manifest(tmp_path / "results/runs/cpu/segment-1")["done"]
+    print(f"\ntime-limit kill (job {jobid}) and resume took {time.time() - t0:.0f} s")
+
+
+def test_unknown_partition_is_one_clear_error(tmp_path):
+    out = slurm(tmp_path, "record_environment", config=["slurm={'partition': 'nosuchpart'}"],
+                check=False)
+    assert out.returncode != 0
+    assert "nosuchpart" in out.stdout + out.stderr
+    assert re.search(r"[Ii]nvalid partition|partition", out.stdout + out.stderr)

@@ -1,0 +1,188 @@
+"""The workflow through real snakemake runs: plan, local run, sweep, report, config
+errors, and a SIGKILLed segment resumed on rerun."""
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ENV, PY, ROOT, assert_bit_identical, snakemake, state_of
+from cifarflow import checkpoint as ckpt
+
+CONFIGS = ROOT / "tests" / "configs"
+
+
+def job_counts(stdout: str) -> dict:
+    counts, table = {}, False
+    for line in stdout.splitlines():
+        parts = line.split()
+        if parts[:2] == ["job", "count"]:
+            table = True
+        elif table and len(parts) == 2 and parts[1].isdigit():
+            counts[parts[0]] = int(parts[1])
+        elif table and counts and not parts:
+            break
+    return counts
+
+
+def read_summary(path: Path) -> list[dict]:
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def test_dry_run_lists_the_chain(tmp_path):
+    out = snakemake(tmp_path, "-n", configfile=CONFIGS / "local" / "config.yaml")
+    counts = job_counts(out.stdout)
+    assert counts == {"fetch_dataset": 1, "extract_dataset": 1, "record_environment": 1,
+                      "train_cpu": 2, "aggregate_results": 1, "all": 1, "total": 7}
+    assert "results/runs/cpu/segment-1" in out.stdout and "results/runs/cpu/segment-2" in out.stdout
+
+
+def test_plan_of_six_strategies_four_values_ten_segments(tmp_path):
+    t0 = time.perf_counter()
+    out = snakemake(tmp_path, "-n", configfile=CONFIGS / "plan" / "config.yaml")
+    elapsed = time.perf_counter() - t0
+    counts = job_counts(out.stdout)
+    for strategy in ("cpu", "gpu", "ddp", "mps", "lightning", "fsdp"):
+        assert counts[f"train_{strategy}"] == 4 * 10
+    assert counts["total"] == 6 * 4 * 10 + 5
+    print(f"\nplanning 245 jobs took {elapsed:.2f} s (target < 3 s, snakemake start-up included)")
+    assert elapsed < 30  # a regression guard; the figure above is the measurement
+
+
+@pytest.fixture(scope="module")
+def local_run(tmp_path_factory):
+    work = tmp_path_factory.mktemp("local")
+    snakemake(work, "--cores", 2, configfile=CONFIGS / "local" / "config.yaml")
+    return work
+
+
+def test_local_run_learns_and_summarises(local_run):
+    rows = read_summary(local_run / "results" / "summary.csv")
+    assert len(rows) == 1
+    row = rows[0]
+    for col in ("run", "strategy", "model", "batch_size", "world_size", "epochs",
+                "images_per_sec", "train_loss", "test_acc", "wall_s"):
+        assert row[col] != "", col
+    assert row["strategy"] == "cpu" and row["status"] == "ok" and int(row["epochs"]) == 3
+    assert float(row["test_acc"]) > 0.3 and float(row["images_per_sec"]) > 0
+    history = [json.loads(l) for l in
+               (local_run / "results/runs/cpu/segment-2/metrics.jsonl").read_text().splitlines()]
+    assert history[-1]["train_loss"] < history[0]["train_loss"]
+    assert int(row["segments"]) == 2
+    log = (local_run / "results/logs/train/cpu/segment-2.log").read_text()
+    assert "resumed from results/runs/cpu/segment-1 at epoch 3" in log
+    env = json.loads((local_run / "results/environment/environment.json").read_text())
+    assert env["torch"].startswith("2.") and env["cuda_available"] in (True, False)
+    assert "torch==" in (local_run / "results/environment/pip-freeze.txt").read_text()
+    for png in (local_run / "results/plots").glob("*.png"):
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (local_run / "results/benchmarks/train/cpu/segment-1.tsv").is_file()
+
+
+def test_rerun_is_a_no_op(local_run):
+    out = snakemake(local_run, "-n", configfile=CONFIGS / "local" / "config.yaml")
+    assert "Nothing to be done" in out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("override, message", [
+    (["strategies=[cpu,tpu]"], "tpu"),
+    (["train={'batch_size': -4}"], "-4"),
+    (["train={'epochs': 'many'}"], "many"),
+    (["sweep={'colour': [1, 2]}"], "colour"),
+])
+def test_invalid_config_fails_before_anything_runs(tmp_path, override, message):
+    t0 = time.perf_counter()
+    out = snakemake(tmp_path, "-n", configfile=ROOT / "config" / "config.yaml", config=override,
+                    check=False)
+    assert out.returncode != 0
+    text = out.stdout + out.stderr
+    assert "Error validating config file" in text and message in text
+    assert not (tmp_path / "results").exists()
+    assert time.perf_counter() - t0 < 30
+
+
+@pytest.fixture(scope="module")
+def sweep_run(tmp_path_factory):
+    work = tmp_path_factory.mktemp("sweep")
+    snakemake(work, "--cores", 2, configfile=CONFIGS / "sweep" / "config.yaml")
+    return work
+
+
+def test_sweep_yields_one_row_per_combination(sweep_run):
+    rows = read_summary(sweep_run / "results" / "summary.csv")
+    assert sorted(r["run"] for r in rows) == ["cpu_bs100_cpus1", "cpu_bs100_cpus2",
+                                            "cpu_bs200_cpus1", "cpu_bs200_cpus2"]
+    for r in rows:
+        assert r["batch_size"] == r["sweep_batch_size"]
+        assert r["cpus_per_task"] == r["sweep_cpus_per_task"]
+        assert float(r["test_acc"]) > 0.2 and float(r["images_per_sec"]) > 100
+    plots = {p.name: p.stat().st_size for p in (sweep_run / "results/plots").glob("*.png")}
+    assert {"throughput_accuracy.png", "curves.png", "sweep_throughput.png"} <= set(plots)
+    assert all(size > 5000 for size in plots.values())
+    advice = (sweep_run / "results/advice.md").read_text()
+    assert "best throughput per core" in advice
+
+
+def test_report_renders_in_chromium(sweep_run, tmp_path):
+    snakemake(sweep_run, "--report", "results/report.html",
+              configfile=CONFIGS / "sweep" / "config.yaml")
+    report = sweep_run / "results/report.html"
+    assert report.stat().st_size > 10_000
+    chromium = next((c for c in ("chromium", "chromium-browser") if
+                     subprocess.run(["which", c], capture_output=True).returncode == 0), None)
+    assert chromium, "install Debian's chromium (the CI script does)"
+    dom = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu",
+                          "--disable-background-networking", "--disable-component-update",
+                          "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}",
+                          "--virtual-time-budget=10000", "--dump-dom", f"file://{report}"],
+                         capture_output=True, text=True, timeout=120).stdout
+    for name in ("summary.csv", "throughput_accuracy.png", "sweep_throughput.png", "Plots"):
+        assert name in dom, name
+
+
+def test_sigkill_mid_segment_resumes_from_the_last_in_segment_checkpoint(tmp_path):
+    cfg = CONFIGS / "kill" / "config.yaml"
+    killed, clean = tmp_path / "killed", tmp_path / "clean"
+    killed.mkdir()
+    cmd = [str(Path(PY).parent / "snakemake"), "-s", str(ROOT / "Snakefile"), "--directory",
+           str(killed), "--configfile", str(cfg), "--cores", "2"]
+    proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    work = killed / "results/runs/cpu/work/checkpoint.json"
+    deadline = time.time() + 300
+    while not work.exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    assert work.exists(), "no in-segment checkpoint appeared"
+    time.sleep(1.5)
+    os.killpg(proc.pid, signal.SIGKILL)  # the node dies: snakemake and training at once
+    proc.wait()
+    for manifest in killed.rglob("checkpoint.json"):
+        ckpt.read_manifest(manifest.parent)  # every published checkpoint is whole
+    assert not (killed / "results/runs/cpu/segment-1/checkpoint.json").exists()
+    snakemake(killed, "--unlock", configfile=cfg)  # the killed snakemake left its lock
+    snakemake(killed, "--cores", 2, "--rerun-incomplete", configfile=cfg)
+    log = (killed / "results/logs/train/cpu/segment-1.log").read_text()
+    assert "resumed from results/runs/cpu/work" in log
+    snakemake(clean, "--cores", 2, configfile=cfg)
+    assert_bit_identical(state_of(clean / "results/runs/cpu/segment-1")["model"],
+                         state_of(killed / "results/runs/cpu/segment-1")["model"])
+
+
+def test_second_workflow_in_the_same_directory_is_refused(tmp_path):
+    cfg = CONFIGS / "kill" / "config.yaml"
+    cmd = [str(Path(PY).parent / "snakemake"), "-s", str(ROOT / "Snakefile"), "--directory",
+           str(tmp_path), "--configfile", str(cfg), "--cores", "1"]
+    first = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while not list((tmp_path / ".snakemake" / "locks").glob("*")) and time.time() < deadline:
+        time.sleep(0.2)
+    second = snakemake(tmp_path, "--cores", 1, configfile=cfg, check=False)
+    assert second.returncode != 0 and "cannot be locked" in second.stdout + second.stderr
+    assert first.wait(timeout=600) == 0  # the first one is unharmed
+    ckpt.read_manifest(tmp_path / "results/runs/cpu/segment-1")
