@@ -54,18 +54,15 @@ def advice(df) -> list[str]:
     eff = ok.loc[ok.images_per_sec_per_core.idxmax()]
     tips.append(f"best throughput per core: {eff.run} ({eff.images_per_sec_per_core:,.0f} "
                 "images/s per core) - the cheapest way to spend an allocation")
-    for strategy, group in ok.groupby("strategy"):
-        g = group.dropna(subset=["cpus_per_task"]).sort_values("cpus_per_task")
-        if g.cpus_per_task.nunique() > 1:
-            for prev, cur in zip(g.itertuples(), list(g.itertuples())[1:]):
-                if cur.cpus_per_task == prev.cpus_per_task:
-                    continue
-                gain = cur.images_per_sec / prev.images_per_sec
-                more = cur.cpus_per_task / prev.cpus_per_task
-                if gain < 1 + 0.5 * (more - 1):
-                    tips.append(f"{strategy}: going from {prev.cpus_per_task} to {cur.cpus_per_task} "
-                                f"cpus gives only x{gain:.2f}: adding cores stops paying there")
-                    break
+    same = ["strategy", "model", "batch_size", "world_size"]  # all but the cores
+    for key, group in ok.dropna(subset=["cpus_per_task"]).groupby(same):
+        g = group.sort_values("cpus_per_task").drop_duplicates("cpus_per_task")
+        for prev, cur in zip(g.itertuples(), list(g.itertuples())[1:]):
+            gain = cur.images_per_sec / prev.images_per_sec
+            if gain < 1 + 0.5 * (cur.cpus_per_task / prev.cpus_per_task - 1):
+                tips.append(f"{cur.run}: {prev.cpus_per_task} -> {cur.cpus_per_task} cpus gives "
+                            f"only x{gain:.2f}: adding cores stops paying there")
+                break
     cpu = ok[ok.strategy == "cpu"]
     for row in ok[ok.strategy.isin(["gpu", "mps"])].itertuples():
         if not cpu.empty and row.images_per_sec < cpu.images_per_sec.max():

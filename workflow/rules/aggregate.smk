@@ -6,23 +6,6 @@ localrules:
 report: "../report/workflow.rst"
 
 
-def runs_json(metrics):
-    """What aggregation needs to know about each run, metrics path included."""
-    return json.dumps(
-        {
-            name: {
-                "strategy": run.strategy,
-                "swept": run.swept,
-                "spec": run.spec,
-                "resources": run.resources,
-                "segments": segment_number(metrics.get(name, "")),
-                "metrics": metrics.get(name),
-            }
-            for name, run in RUNS.items()
-        }
-    )
-
-
 rule aggregate_results:
     input:
         **final_metrics(),
@@ -37,13 +20,16 @@ rule aggregate_results:
             caption="../report/plots.rst",
         ),
     params:
+        py=PY,
+        out_dir=lambda wildcards, output: Path(output.summary).parent,
         runs=lambda wildcards, input: shlex.quote(
             runs_json({name: input[name] for name in RUNS if name in input.keys()})
         ),
     log:
         f"{RESULTS}/logs/aggregate_results.log",
     shell:
-        "{PY} aggregate --runs {params.runs} --out-dir {RESULTS} --plots-dir {output.plots}"
+        "{params.py} aggregate --runs {params.runs} --out-dir {params.out_dir}"
+        " --plots-dir {output.plots}"
         " > {log} 2>&1"
 
 
@@ -53,9 +39,11 @@ rule summarize_partial:
     output:
         summary=f"{RESULTS}/partial/summary.csv",
     params:
+        py=PY,
+        out_dir=lambda wildcards, output: Path(output.summary).parent,
         runs=lambda wildcards: shlex.quote(runs_json(existing_metrics())),
     log:
         f"{RESULTS}/logs/summarize_partial.log",
     shell:
-        "{PY} aggregate --runs {params.runs} --out-dir {RESULTS}/partial"
-        " --plots-dir {RESULTS}/partial/plots --keep-missing > {log} 2>&1"
+        "{params.py} aggregate --runs {params.runs} --out-dir {params.out_dir}"
+        " --plots-dir {params.out_dir}/plots --keep-missing > {log} 2>&1"

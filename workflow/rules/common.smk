@@ -46,7 +46,7 @@ def env_prologue():
                   f"pip install -q {no_index}-r {req}"]
     elif ENV["mode"] == "venv":
         lines += [f"source {shlex.quote(ENV['venv'])}/bin/activate"]
-    return "".join(line + "; " for line in lines)
+    return "".join(f"{line}; " for line in lines)
 
 
 PROLOGUE = env_prologue()
@@ -170,3 +170,20 @@ def existing_metrics():
         if segments:
             found[name] = str(segments[-1])
     return found
+
+
+def runs_json(metrics):
+    """What aggregation needs to know about each run, metrics path included."""
+    return json.dumps(
+        {
+            name: {
+                "strategy": run.strategy,
+                "swept": run.swept,
+                "spec": run.spec,
+                "resources": run.resources,
+                "segments": segment_number(metrics.get(name, "")),
+                "metrics": metrics.get(name),
+            }
+            for name, run in RUNS.items()
+        }
+    )

@@ -8,6 +8,8 @@ rule fetch_dataset:
     output:
         archive=f"{DATA_DIR}/cifar-10-python.tar.gz",
     params:
+        py=PY,
+        out_dir=lambda wildcards, output: Path(output.archive).parent,
         source=config["data"]["source"],
         args=" ".join(
             shlex.quote(a)
@@ -21,7 +23,8 @@ rule fetch_dataset:
     log:
         f"{RESULTS}/logs/fetch_dataset.log",
     shell:
-        "{PY} fetch-data --source {params.source} --out-dir {DATA_DIR} {params.args} > {log} 2>&1"
+        "{params.py} fetch-data --source {params.source} --out-dir {params.out_dir} {params.args}"
+        " > {log} 2>&1"
 
 
 rule extract_dataset:
@@ -30,9 +33,11 @@ rule extract_dataset:
     output:
         batches=directory(BATCHES),
     params:
+        py=PY,
+        out_dir=lambda wildcards, output: Path(output.batches).parent,
         md5=config["data"]["md5"],
     log:
         f"{RESULTS}/logs/extract_dataset.log",
     shell:
-        "{PY} extract-data --archive {input.archive} --md5 {params.md5} "
-        "--out-dir {DATA_DIR} > {log} 2>&1"
+        "{params.py} extract-data --archive {input.archive} --md5 {params.md5} "
+        "--out-dir {params.out_dir} > {log} 2>&1"

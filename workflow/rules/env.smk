@@ -4,6 +4,9 @@ rule record_environment:
     output:
         info=f"{RESULTS}/environment/environment.json",
         freeze=f"{RESULTS}/environment/pip-freeze.txt",
+    params:
+        py=PY,
+        prologue=PROLOGUE,
     log:
         f"{RESULTS}/logs/record_environment.log",
     resources:
@@ -11,4 +14,4 @@ rule record_environment:
         mem_mb=2000,
         **SLURM_PLACEMENT,
     shell:
-        "{PROLOGUE}{PY} record-env --out {output.info} --freeze {output.freeze} > {log} 2>&1"
+        "{params.prologue}{params.py} record-env --out {output.info} --freeze {output.freeze} > {log} 2>&1"

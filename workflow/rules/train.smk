@@ -15,6 +15,8 @@ for _strategy in config["strategies"]:
             run="|".join(runs_of(_strategy)),
             segment=r"\d+",
         params:
+            py=PY,
+            prologue=PROLOGUE,
             args=train_params,
             launch=launch_prefix,
         log:
@@ -25,5 +27,5 @@ for _strategy in config["strategies"]:
         resources:
             **run_resources(_strategy),
         shell:
-            "({PROLOGUE}{params.launch} {PY} train {params.args}"
+            "({params.prologue}{params.launch} {params.py} train {params.args}"
             " --threads {resources.cpus_per_task} --budget-min {resources.runtime}) > {log} 2>&1"
