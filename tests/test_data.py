@@ -86,3 +86,15 @@ def test_sharding_is_a_partition_like_distributed_sampler():
     assert all(len(p) == 4 for p in parts)
     assert set(np.concatenate([p.numpy() for p in parts])) == set(range(10))
     assert not (epoch_order(10, 0, 0) == epoch_order(10, 0, 1)).all()
+
+
+def test_seed_path_rejects_a_swapped_meta_file(cifar_dir, tmp_path):
+    import shutil
+
+    copy = tmp_path / "cifar-10-batches-py"
+    shutil.copytree(cifar_dir, copy)
+    (copy / data.META_FILE).write_bytes(pickle.dumps({"label_names": ["x"] * 10}))
+    from cifarflow.loaders import verified_cifar10
+
+    with pytest.raises(RuntimeError, match="metadata file not found or corrupted"):
+        verified_cifar10(copy, True, None)

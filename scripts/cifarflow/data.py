@@ -88,6 +88,7 @@ def extract_archive(archive: Path, out_dir: Path) -> Path:
         images, labels = read_batch(batches / name)
         files[name] = {"md5": md5sum(batches / name), "images": int(len(labels))}
     meta = read_pickle(batches / META_FILE)
+    files[META_FILE] = {"md5": md5sum(batches / META_FILE)}
     manifest = {"archive_md5": md5sum(archive), "files": files,
                 "label_names": meta.get("label_names", LABEL_NAMES)}
     (batches / MANIFEST).write_text(json.dumps(manifest, indent=2))

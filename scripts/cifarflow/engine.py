@@ -342,6 +342,7 @@ class Trainer:
             loss_acc = torch.tensor(p.loss_sum, dtype=torch.float64, device=self.s.device)
             correct_acc = torch.tensor(p.correct, dtype=torch.int64, device=self.s.device)
             t0, t_log, done_here, base_s = time.perf_counter(), time.time(), 0, p.train_s
+            seen_at_t0 = p.seen
             for x, y in self.batches.epoch(p.epoch, p.step):
                 loss, correct = self.train_step(x, y)
                 loss_acc += loss.double() * len(y)
@@ -354,7 +355,7 @@ class Trainer:
                     t_log = time.time()
                     self.log(f"  epoch {p.epoch + 1}/{self.cfg.epochs} batch {p.step}/{steps} "
                              f"loss {loss.item():.4f} "
-                             f"{done_here * len(y) * self.s.world_size / elapsed:,.0f} img/s")
+                             f"{(p.seen - seen_at_t0) * self.s.world_size / elapsed:,.0f} img/s")
                 if p.step >= steps:
                     break
                 reason = stop.should_stop(elapsed / done_here + save_s)
@@ -367,6 +368,7 @@ class Trainer:
                     save_s = self.save(self.work_dir)
                     last_save = time.time()
                     t0, done_here, base_s = time.perf_counter(), 0, p.train_s
+                    seen_at_t0 = p.seen
             if reason:
                 break
             self._fold(loss_acc, correct_acc, base_s + time.perf_counter() - t0)

@@ -109,11 +109,10 @@ def verified_cifar10(batches_dir: Path, train: bool, transform):
 
     manifest = json.loads((Path(batches_dir) / data.MANIFEST).read_text())["files"]
     md5 = {name: entry["md5"] for name, entry in manifest.items()}
-    meta_md5 = data.md5sum(Path(batches_dir) / data.META_FILE)
     cls = type("ManifestCIFAR10", (CIFAR10,), {
         "train_list": [[n, md5[n]] for n in data.TRAIN_FILES],
         "test_list": [[data.TEST_FILE, md5[data.TEST_FILE]]],
-        "meta": dict(CIFAR10.meta, md5=meta_md5),
+        "meta": dict(CIFAR10.meta, md5=md5[data.META_FILE]),
     })
     return cls(root=str(Path(batches_dir).parent), train=train, download=False,
                transform=transform)
