@@ -187,3 +187,12 @@ def test_second_workflow_in_the_same_directory_is_refused(tmp_path):
     assert second.returncode != 0 and "cannot be locked" in second.stdout + second.stderr
     assert first.wait(timeout=600) == 0  # the first one is unharmed
     ckpt.read_manifest(tmp_path / "results/runs/cpu/segment-1")
+
+
+def test_alliance_environment_prologue(tmp_path):
+    out = snakemake(tmp_path, "-n", "-p", configfile=CONFIGS / "local" / "config.yaml",
+                    config=["env={'mode': 'slurm_tmpdir', 'modules': ['python/3.11']}"])
+    train = next(l for l in out.stdout.splitlines() if "cifarflow train" in l)
+    assert train.index("module load python/3.11") < train.index("virtualenv --no-download")
+    assert 'JOB_VENV="${SLURM_TMPDIR:-' in train
+    assert "pip install -q --no-index -r" in train and "python -m cifarflow train" in train

@@ -86,12 +86,12 @@ def build_runs(config: dict) -> dict[str, Run]:
                 world = int(sections["mps"]["replicas"])
                 spec.update(world_size=world, backend=sections["mps"]["backend"],
                             lr_scaling=config["distributed"]["lr_scaling"])
-            if spec.get("loader") == "torchvision" and "num_workers" not in swept:
+            if spec.get("loader") == "torchvision" and not spec.get("num_workers"):
                 spec["num_workers"] = int(res["cpus_per_task"])  # the seed: workers = cpus
             job = dict(cls.job_resources(world, res), runtime=int(res["runtime"]))
-            runs[name] = Run(name, strategy, swept, spec, job, threads=int(res["cpus_per_task"]) * world,
-                             segment_epochs=segment_targets(int(spec["epochs"]),
-                                                            int(config["segments"]["count"])))
+            targets = segment_targets(int(spec["epochs"]), int(config["segments"]["count"]))
+            runs[name] = Run(name, strategy, swept, spec, job, segment_epochs=targets,
+                             threads=int(res["cpus_per_task"]) * world)
     if not runs:
         raise ValueError("no runs: 'strategies' is empty")
     return runs

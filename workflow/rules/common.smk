@@ -40,9 +40,10 @@ def env_prologue():
     no_index = "--no-index " if ENV["pip_no_index"] else ""
     req = shlex.quote(str(Path(workflow.basedir) / ENV["requirements"]))
     if ENV["mode"] == "slurm_tmpdir":
-        venv = "${SLURM_TMPDIR:-$(mktemp -d)}/env"
-        lines += [f"virtualenv --no-download {venv} 2>/dev/null || python -m venv {venv}",
-                  f"source {venv}/bin/activate",
+        # node-local venv of this job (single node: multi-node jobs should use mode venv)
+        lines += ['JOB_VENV="${SLURM_TMPDIR:-$(mktemp -d)}/env"',
+                  'virtualenv --no-download "$JOB_VENV" 2>/dev/null || python -m venv "$JOB_VENV"',
+                  'source "$JOB_VENV/bin/activate"',
                   f"pip install -q {no_index}-r {req}"]
     elif ENV["mode"] == "venv":
         lines += [f"source {shlex.quote(ENV['venv'])}/bin/activate"]
