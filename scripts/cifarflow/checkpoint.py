@@ -91,7 +91,7 @@ def read_manifest(directory: Path, verify: bool = True) -> dict:
     return manifest
 
 
-def _prepare(directory: Path) -> Path:
+def prepare_staging(directory: Path) -> Path:
     """A fresh staging directory beside the target; the target is replaced at the end."""
     directory = Path(directory)
     directory.parent.mkdir(parents=True, exist_ok=True)
@@ -101,7 +101,7 @@ def _prepare(directory: Path) -> Path:
     return staging
 
 
-def _publish(staging: Path, directory: Path) -> None:
+def publish(staging: Path, directory: Path) -> None:
     """Swap the staging directory in. The old one (if any) is removed only afterwards."""
     old = directory.with_name(f".{directory.name}.old")
     shutil.rmtree(old, ignore_errors=True)
@@ -128,10 +128,10 @@ class FileCheckpointer:
     def save(self, directory: Path, state: dict, meta: dict, dist) -> None:
         """state: the full training state (model, optimizer, ...) on rank 0."""
         if dist.is_main:
-            staging = _prepare(directory)
+            staging = prepare_staging(directory)
             _save_torch(state, staging / self.payload)
             write_manifest(staging, self.backend, meta)
-            _publish(staging, Path(directory))
+            publish(staging, Path(directory))
         dist.barrier()  # nobody reads before rank 0 has finished writing
 
     def load(self, directory: Path, dist) -> tuple[dict, dict]:
@@ -156,14 +156,14 @@ class ShardedCheckpointer:
 
         staging = directory.with_name(f".{Path(directory).name}.staging")
         if dist.is_main:
-            staging = _prepare(directory)
+            staging = prepare_staging(directory)
         tdist.barrier()
         sharded = {"model": state.pop("model"), "optimizer": state.pop("optimizer")}
         dcp.save(sharded, checkpoint_id=str(staging / "shards"))
         if dist.is_main:
             _save_torch(state, staging / "trainer.pt")
             write_manifest(staging, self.backend, meta)
-            _publish(staging, Path(directory))
+            publish(staging, Path(directory))
         tdist.barrier()
 
     def load(self, directory: Path, dist, template: dict) -> tuple[dict, dict]:

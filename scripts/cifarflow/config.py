@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 
 # Fields that change what is trained; a checkpoint refuses to resume if any differs.
 # Performance knobs (threads, loader, workers, compile, logging) may change freely.
@@ -44,7 +44,6 @@ class TrainConfig:
     checkpoint_interval_s: float = 300.0
     deterministic: bool = True
     data_md5: str = ""
-    extra: dict = field(default_factory=dict)
 
     def __post_init__(self):
         def need(cond, msg):

@@ -387,8 +387,6 @@ class Trainer:
         save_s = self.save(self.out_dir)
         if self.s.is_main:
             write_metrics(self.out_dir / METRICS, p.history)
-            if self.work_dir:
-                self.save_timing(save_s)
         self.log(f"checkpoint {self.out_dir} written in {save_s:.2f} s "
                  f"({'done' if p.epoch >= self.cfg.epochs else 'to be continued'})")
         return {"epoch": p.epoch, "step": p.step, "stopped": reason, "save_s": save_s}
@@ -397,11 +395,6 @@ class Trainer:
         """Copy the device-side accumulators into the (checkpointed) progress record."""
         p = self.progress
         p.loss_sum, p.correct, p.train_s = float(loss_acc), int(correct_acc), train_s
-
-    def save_timing(self, save_s: float) -> None:
-        with open(self.work_dir.parent / "checkpoint_timing.jsonl", "a") as f:
-            f.write(json.dumps({"segment_dir": str(self.out_dir), "save_s": save_s,
-                                "segment_s": time.time() - self.start_time}) + "\n")
 
 
 def write_metrics(path: Path, history: list) -> None:

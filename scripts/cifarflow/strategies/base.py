@@ -32,7 +32,6 @@ def get_strategy(name: str) -> type["Strategy"]:
 class Strategy:
     name: ClassVar[str] = ""
     multi_process: ClassVar[bool] = False   # launched by {resources.mpi}: srun / torchrun
-    gpus_per_process: ClassVar[float] = 0   # 0: CPU only; mps shares one GPU between ranks
     checkpointer_kind: ClassVar[str] = "file"
     channels_last_params: ClassVar[bool] = True  # FSDP shards only contiguous parameters
 

@@ -23,7 +23,6 @@ def apply_cuda_switches(cfg) -> None:
 
 class GPUStrategy(Strategy):
     name = "gpu"
-    gpus_per_process = 1
 
     @classmethod
     def job_resources(cls, world_size, res):

@@ -172,7 +172,7 @@ def fit_lightning(cfg, strategy, data_dir, out_dir, resume_dir=None, work_dir=No
     epoch = trainer.current_epoch  # epochs completed
     staging = Path(out_dir).with_name(f".{Path(out_dir).name}.staging")
     if trainer.is_global_zero:
-        staging = ckpt._prepare(Path(out_dir))
+        staging = ckpt.prepare_staging(Path(out_dir))
     trainer.strategy.barrier()
     trainer.save_checkpoint(staging / "lightning.ckpt")
     if trainer.is_global_zero:
@@ -182,7 +182,7 @@ def fit_lightning(cfg, strategy, data_dir, out_dir, resume_dir=None, work_dir=No
             "epoch": epoch, "step": 0, "epochs": cfg.epochs, "until_epoch": until_epoch,
             "done": epoch >= cfg.epochs, "world_size": trainer.world_size,
             "slurm_job_id": os.environ.get("SLURM_JOB_ID", "")})
-        ckpt._publish(staging, Path(out_dir))
+        ckpt.publish(staging, Path(out_dir))
         print(f"checkpoint {out_dir} written at epoch {epoch}", flush=True)
     trainer.strategy.barrier()
     return {"epoch": epoch, "step": 0}

@@ -10,7 +10,6 @@ from .ddp import DDPStrategy
 
 class MPSStrategy(DDPStrategy):
     name = "mps"
-    gpus_per_process = 0  # the whole job shares one GPU
 
     @classmethod
     def job_resources(cls, world_size, res):
