@@ -98,3 +98,38 @@ def test_seed_path_rejects_a_swapped_meta_file(cifar_dir, tmp_path):
 
     with pytest.raises(RuntimeError, match="metadata file not found or corrupted"):
         verified_cifar10(copy, True, None)
+
+
+def test_lenet_is_the_seeds_net():
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    from cifarflow.models import build_model
+
+    class SeedNet(nn.Module):  # verbatim from the seed's scripts
+        def __init__(self):
+            super().__init__()
+            self.conv1 = nn.Conv2d(3, 6, 5)
+            self.pool = nn.MaxPool2d(2, 2)
+            self.conv2 = nn.Conv2d(6, 16, 5)
+            self.fc1 = nn.Linear(16 * 5 * 5, 120)
+            self.fc2 = nn.Linear(120, 84)
+            self.fc3 = nn.Linear(84, 10)
+
+        def forward(self, x):
+            x = self.pool(F.relu(self.conv1(x)))
+            x = self.pool(F.relu(self.conv2(x)))
+            x = x.view(-1, 16 * 5 * 5)
+            x = F.relu(self.fc1(x))
+            x = F.relu(self.fc2(x))
+            x = F.relu(self.fc3(x))
+            return x
+
+    ours, seed = build_model("lenet"), SeedNet()
+    seed.load_state_dict(ours.state_dict())  # same parameter names and shapes
+    x = torch.randn(8, 3, 32, 32)
+    assert torch.equal(ours(x), seed(x))
+    ours(x).sum().backward(), seed(x).sum().backward()
+    for (name, a), b in zip(ours.named_parameters(), seed.parameters()):
+        assert torch.equal(a.grad, b.grad), name

@@ -109,6 +109,9 @@ def verified_cifar10(batches_dir: Path, train: bool, transform):
 
     manifest = json.loads((Path(batches_dir) / data.MANIFEST).read_text())["files"]
     md5 = {name: entry["md5"] for name, entry in manifest.items()}
+    if data.META_FILE not in md5:
+        raise data.DatasetError(f"{batches_dir}/{data.MANIFEST} predates this version: "
+                                "delete the directory and rerun extract_dataset")
     cls = type("ManifestCIFAR10", (CIFAR10,), {
         "train_list": [[n, md5[n]] for n in data.TRAIN_FILES],
         "test_list": [[data.TEST_FILE, md5[data.TEST_FILE]]],
