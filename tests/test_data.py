@@ -100,33 +100,29 @@ def test_seed_path_rejects_a_swapped_meta_file(cifar_dir, tmp_path):
         verified_cifar10(copy, True, None)
 
 
-def test_lenet_is_the_seeds_net():
-    import torch
+def seed_net_class():
+    """The seed's ``Net``, taken from bench/seed_cpu.py (the seed's script, verbatim but for
+    its data path), so there is one copy of the seed's code in the project."""
+    import ast
+
     import torch.nn as nn
     import torch.nn.functional as F
 
+    from conftest import ROOT
+
+    tree = ast.parse((ROOT / "bench" / "seed_cpu.py").read_text())
+    node = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == "Net")
+    namespace = {"nn": nn, "F": F}
+    exec(compile(ast.Module(body=[node], type_ignores=[]), "seed_cpu.py", "exec"), namespace)
+    return namespace["Net"]
+
+
+def test_lenet_is_the_seeds_net():
+    import torch
+
     from cifarflow.models import build_model
 
-    class SeedNet(nn.Module):  # verbatim from the seed's scripts
-        def __init__(self):
-            super().__init__()
-            self.conv1 = nn.Conv2d(3, 6, 5)
-            self.pool = nn.MaxPool2d(2, 2)
-            self.conv2 = nn.Conv2d(6, 16, 5)
-            self.fc1 = nn.Linear(16 * 5 * 5, 120)
-            self.fc2 = nn.Linear(120, 84)
-            self.fc3 = nn.Linear(84, 10)
-
-        def forward(self, x):
-            x = self.pool(F.relu(self.conv1(x)))
-            x = self.pool(F.relu(self.conv2(x)))
-            x = x.view(-1, 16 * 5 * 5)
-            x = F.relu(self.fc1(x))
-            x = F.relu(self.fc2(x))
-            x = F.relu(self.fc3(x))
-            return x
-
-    ours, seed = build_model("lenet"), SeedNet()
+    ours, seed = build_model("lenet"), seed_net_class()()
     seed.load_state_dict(ours.state_dict())  # same parameter names and shapes
     x = torch.randn(8, 3, 32, 32)
     assert torch.equal(ours(x), seed(x))

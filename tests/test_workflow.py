@@ -55,11 +55,16 @@ def test_plan_of_six_strategies_four_values_ten_segments(tmp_path):
     assert elapsed < 30  # a regression guard; the figure above is the measurement
 
 
+def finished_run(tmp_path_factory, case: str) -> Path:
+    """A real local run of tests/configs/<case>, in its own working directory."""
+    work = tmp_path_factory.mktemp(case)
+    snakemake(work, "--cores", 2, configfile=CONFIGS / case / "config.yaml")
+    return work
+
+
 @pytest.fixture(scope="module")
 def local_run(tmp_path_factory):
-    work = tmp_path_factory.mktemp("local")
-    snakemake(work, "--cores", 2, configfile=CONFIGS / "local" / "config.yaml")
-    return work
+    return finished_run(tmp_path_factory, "local")
 
 
 def test_local_run_learns_and_summarises(local_run):
@@ -109,9 +114,7 @@ def test_invalid_config_fails_before_anything_runs(tmp_path, override, message):
 
 @pytest.fixture(scope="module")
 def sweep_run(tmp_path_factory):
-    work = tmp_path_factory.mktemp("sweep")
-    snakemake(work, "--cores", 2, configfile=CONFIGS / "sweep" / "config.yaml")
-    return work
+    return finished_run(tmp_path_factory, "sweep")
 
 
 def test_sweep_yields_one_row_per_combination(sweep_run):
