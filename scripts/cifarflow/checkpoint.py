@@ -134,10 +134,10 @@ class FileCheckpointer:
             publish(staging, Path(directory))
         dist.barrier()  # nobody reads before rank 0 has finished writing
 
-    def load(self, directory: Path, dist) -> tuple[dict, dict]:
+    def load(self, directory: Path, dist, verify: bool = True) -> tuple[dict, dict]:
         import torch
 
-        manifest = read_manifest(directory, verify=dist.is_main)
+        manifest = read_manifest(directory, verify=verify and dist.is_main)
         dist.barrier()
         state = torch.load(Path(directory) / self.payload, map_location=dist.device,
                            weights_only=False)
@@ -166,12 +166,13 @@ class ShardedCheckpointer:
             publish(staging, Path(directory))
         tdist.barrier()
 
-    def load(self, directory: Path, dist, template: dict) -> tuple[dict, dict]:
+    def load(self, directory: Path, dist, template: dict,
+             verify: bool = True) -> tuple[dict, dict]:
         """template: {"model": ..., "optimizer": ...} state dicts to load into in place."""
         import torch
         import torch.distributed.checkpoint as dcp
 
-        manifest = read_manifest(directory, verify=dist.is_main)
+        manifest = read_manifest(directory, verify=verify and dist.is_main)
         dist.barrier()
         dcp.load(template, checkpoint_id=str(Path(directory) / "shards"))
         state = torch.load(Path(directory) / "trainer.pt", map_location="cpu", weights_only=False)

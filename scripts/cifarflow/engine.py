@@ -236,16 +236,14 @@ class Trainer:
                 f"results/runs/{self.cfg.strategy}/{self.cfg.run} to start this run afresh")
 
     def load(self, directory: Path) -> None:
+        """directory comes from pick_resume, which has already checked its files."""
+        self.check_compatible(ckpt.read_manifest(directory, verify=False), directory)
         if self.checkpointer.backend == "dcp":
             template = {"model": self.s.model_state(self.model),
                         "optimizer": self.s.optimizer_state(self.model, self.optimizer)}
-            manifest = ckpt.read_manifest(directory, verify=False)
-            self.check_compatible(manifest, directory)
-            state, manifest = self.checkpointer.load(directory, self.s, template)
+            state, _ = self.checkpointer.load(directory, self.s, template, verify=False)
         else:
-            manifest = ckpt.read_manifest(directory, verify=False)
-            self.check_compatible(manifest, directory)
-            state, manifest = self.checkpointer.load(directory, self.s)
+            state, _ = self.checkpointer.load(directory, self.s, verify=False)
         self.s.load_model_state(self.model, state["model"])
         self.s.load_optimizer_state(self.model, self.optimizer, state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
