@@ -3,10 +3,12 @@ CLI, torchrun and snakemake as subprocesses."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -15,10 +17,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from cifarflow import data  # noqa: E402
+from cifarflow.config import with_defaults  # noqa: E402
+from cifarflow.plan import build_runs  # noqa: E402
 
 PY = sys.executable
 ENV = {**os.environ, "PYTHONPATH": str(ROOT / "scripts"), "PYTHONUNBUFFERED": "1"}
 ENV.pop("SLURM_JOB_ID", None)
+SYNTHETIC = {"train_size": 2000, "test_size": 400}  # the cifar_dir fixture's data
 
 
 def pytest_configure(config):
@@ -30,8 +35,7 @@ def cifar_dir(tmp_path_factory) -> Path:
     """cifar-10-batches-py with 2000 train / 400 test synthetic images, via the real
     fetch + extract path."""
     root = tmp_path_factory.mktemp("data")
-    archive = data.prepare_archive("synthetic", root, synthetic={"train_size": 2000,
-                                                                  "test_size": 400})
+    archive = data.prepare_archive("synthetic", root, synthetic=SYNTHETIC)
     data.verify_archive(archive, data.expected_md5(archive, data.CIFAR_MD5))
     return data.extract_archive(archive, root)
 
@@ -45,19 +49,35 @@ def cli(*args, check=True, timeout=600, env=None, **kw) -> subprocess.CompletedP
     return out
 
 
-def spec(**kw) -> str:
-    base = {"run": "t", "epochs": 2, "batch_size": 100, "lr": 0.05, "eval_batch_size": 400,
-            "log_interval_s": 1000}
-    return json.dumps({**base, **kw})
+DISTRIBUTED_KEYS = ("world_size", "nodes", "device", "backend", "lr_scaling")
+SEGMENT_KEYS = ("budget_s", "margin_s")
+SPECS = Path(tempfile.mkdtemp(prefix="cifarflow-specs-"))
 
 
-def train(data_dir, out, threads=2, nproc=1, **kw) -> subprocess.CompletedProcess:
-    args = ["train", "--spec", kw.pop("spec_json", None) or spec(**kw.pop("spec_kw", {})),
-            "--data", data_dir, "--out", out, "--threads", threads]
+def spec(strategy: str = "cpu", **kw) -> Path:
+    """A run's spec.json, planned by plan.py exactly as the workflow plans it; kw are
+    train keys, or distributed/segments keys by name. Data: the cifar_dir fixture's."""
+    config = {"strategies": [strategy], "train": {"epochs": 2, "batch_size": 100, "lr": 0.05,
+              "eval_batch_size": 400, "log_interval_s": 1000},
+              "data": {"synthetic": SYNTHETIC}, "distributed": {}, "segments": {}}
+    for key, value in kw.items():
+        section = ("distributed" if key in DISTRIBUTED_KEYS else
+                   "segments" if key in SEGMENT_KEYS else "train")
+        config[section][key] = value
+    cfg = build_runs(with_defaults(config))[strategy].config
+    path = SPECS / f"{hashlib.sha256(json.dumps(cfg.to_dict(), sort_keys=True).encode()).hexdigest()[:16]}.json"
+    cfg.write(path)
+    return path
+
+
+def train(data_dir, out, threads=2, nproc=1, spec_kw=None, **kw) -> subprocess.CompletedProcess:
+    args = ["train", "--spec", spec(**(spec_kw or {})), "--data", data_dir, "--out", out,
+            "--threads", threads]
     for key, value in kw.items():
         args += [f"--{key.replace('_', '-')}", value]
     if nproc > 1:
-        args = ["launch", "--nproc", nproc, "--", PY, "-m", "cifarflow", *args]
+        self_spawning = ["--self-spawning"] if (spec_kw or {}).get("strategy") == "lightning" else []
+        args = ["launch", "--nproc", nproc, *self_spawning, "--", PY, "-m", "cifarflow", *args]
     return cli(*args)
 
 

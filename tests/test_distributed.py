@@ -85,26 +85,25 @@ def test_lightning_two_processes_beat_chance_and_resume(cifar_dir, tmp_path):
     kw = dict(threads=1, nproc=2, spec_kw={**COMMON, "epochs": 3, "batch_size": 100,
                                            "strategy": "lightning", "world_size": 2,
                                            "device": "cpu"})
-    kw["spec_json"] = spec(**kw.pop("spec_kw"))
     # Lightning spawns its own workers locally: launch runs the command once
-    cli("launch", "--self-spawning", "--nproc", 2, "--", PY, "-m", "cifarflow", "train",
-        "--spec", kw["spec_json"], "--data", cifar_dir, "--out", tmp_path / "s1",
-        "--until-epoch", 2, "--threads", 1)
+    train(cifar_dir, tmp_path / "s1", until_epoch=2, **kw)
     assert ckpt.read_manifest(tmp_path / "s1")["epoch"] == 2
-    cli("launch", "--self-spawning", "--nproc", 2, "--", PY, "-m", "cifarflow", "train",
-        "--spec", kw["spec_json"], "--data", cifar_dir, "--out", tmp_path / "s2",
-        "--resume", tmp_path / "s1", "--threads", 1)
+    train(cifar_dir, tmp_path / "s2", resume=tmp_path / "s1", **kw)
     history = metrics_of(tmp_path / "s2")
     assert [h["epoch"] for h in history] == [1, 2, 3]
     assert history[-1]["world_size"] == 2
     assert history[-1]["test_acc"] > 0.3 and history[-1]["train_loss"] < history[0]["train_loss"]
     assert ckpt.read_manifest(tmp_path / "s2")["done"]
+    train(cifar_dir, tmp_path / "whole", **kw)
+    assert_bit_identical(state_of(tmp_path / "whole")["model"], state_of(tmp_path / "s2")["model"])
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
-@pytest.mark.parametrize("strategy", ["gpu", "mps"])
-def test_cuda_strategies_fail_fast_with_one_clear_line(cifar_dir, tmp_path, strategy):
-    out = cli("train", "--spec", spec(strategy=strategy, world_size=1), "--data", cifar_dir,
+@pytest.mark.parametrize("strategy, extra", [
+    ("gpu", {}), ("mps", {}), ("ddp", {"device": "cuda", "world_size": 1}),
+    ("fsdp", {"device": "cuda", "world_size": 1}), ("lightning", {"device": "cuda", "world_size": 1})])
+def test_cuda_strategies_fail_fast_with_one_clear_line(cifar_dir, tmp_path, strategy, extra):
+    out = cli("train", "--spec", spec(strategy=strategy, **extra), "--data", cifar_dir,
               "--out", tmp_path / "o", check=False, timeout=120)
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()

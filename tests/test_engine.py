@@ -62,10 +62,12 @@ def test_three_segments_equal_one_bit_for_bit(cifar_dir, reference, tmp_path):
 
 def test_time_budget_stops_mid_epoch_and_resumes_exactly(cifar_dir, reference, tmp_path):
     first = tmp_path / "segment-1"
-    out = train(cifar_dir, first, spec_kw=SPEC, budget_s=4, margin_s=0)
+    # a budget already spent when training starts: the stop comes after the first batch,
+    # however fast the machine
+    out = train(cifar_dir, first, spec_kw={**SPEC, "budget_s": 0.01, "margin_s": 0})
     m = ckpt.read_manifest(first)
-    assert "time budget" in out.stdout
-    assert not m["done"] and (m["epoch"], m["step"]) < (3, 0)
+    assert "stopping at epoch 1 batch 1: time budget" in out.stdout
+    assert not m["done"] and (m["epoch"], m["step"]) == (0, 1)
     train(cifar_dir, tmp_path / "segment-2", spec_kw=SPEC, resume=first)
     assert_bit_identical(state_of(reference)["model"], state_of(tmp_path / "segment-2")["model"])
     assert same_metrics(metrics_of(reference), metrics_of(tmp_path / "segment-2"))
@@ -73,8 +75,8 @@ def test_time_budget_stops_mid_epoch_and_resumes_exactly(cifar_dir, reference, t
 
 def test_sigusr2_checkpoints_at_next_batch_and_exits_cleanly(cifar_dir, reference, tmp_path):
     first = tmp_path / "segment-1"
-    args = [PY, "-m", "cifarflow", "train", "--spec", spec(**{**SPEC, "batch_size": 20,
-            "log_interval_s": 0.2}), "--data", str(cifar_dir), "--out", str(first), "--threads", "2"]
+    args = [PY, "-m", "cifarflow", "train", "--spec", str(spec(**{**SPEC, "batch_size": 20,
+            "log_interval_s": 0})), "--data", str(cifar_dir), "--out", str(first), "--threads", "2"]
     proc = subprocess.Popen(args, env=ENV, stdout=subprocess.PIPE, text=True)
     for line in proc.stdout:  # wait until it is inside the first epoch
         if "batch" in line:
@@ -86,9 +88,9 @@ def test_sigusr2_checkpoints_at_next_batch_and_exits_cleanly(cifar_dir, referenc
     m = ckpt.read_manifest(first)
     assert not m["done"] and m["epoch"] == 0 and m["step"] > 0
     second = tmp_path / "segment-2"
-    train(cifar_dir, second, spec_json=spec(**{**SPEC, "batch_size": 20}), resume=first)
+    train(cifar_dir, second, spec_kw={**SPEC, "batch_size": 20}, resume=first)
     uninterrupted = tmp_path / "whole"
-    train(cifar_dir, uninterrupted, spec_json=spec(**{**SPEC, "batch_size": 20}))
+    train(cifar_dir, uninterrupted, spec_kw={**SPEC, "batch_size": 20})
     assert_bit_identical(state_of(uninterrupted)["model"], state_of(second)["model"])
 
 
@@ -139,8 +141,47 @@ def test_atomic_publish_never_leaves_a_half_checkpoint(tmp_path):
             pass
 
     target = tmp_path / "ck"
-    ckpt.FileCheckpointer().save(target, {"x": 1}, {"config_hash": "h", "epoch": 1, "step": 0}, Solo())
+    saver = ckpt.FileCheckpointer(Solo())
+    saver.save(target, {"x": 1}, {"config_hash": "h", "epoch": 1, "step": 0}, {"m.txt": "one"})
     first = ckpt.read_manifest(target)
-    ckpt.FileCheckpointer().save(target, {"x": 2}, {"config_hash": "h", "epoch": 2, "step": 0}, Solo())
+    saver.save(target, {"x": 2}, {"config_hash": "h", "epoch": 2, "step": 0}, {"m.txt": "two"})
     assert ckpt.read_manifest(target)["epoch"] == 2 and first["epoch"] == 1
     assert not list(tmp_path.glob(".ck.*"))  # staging and old copies cleaned up
+    assert (target / "m.txt").read_text() == "two" and "m.txt" in first["files"]
+
+
+def test_metrics_are_covered_by_the_manifest(reference, tmp_path):
+    import shutil
+
+    copy = tmp_path / "c"
+    shutil.copytree(reference, copy)
+    assert "metrics.jsonl" in ckpt.read_manifest(copy)["files"]
+    with open(copy / "metrics.jsonl", "a") as f:
+        f.write('{"epoch": 4}\n')
+    with pytest.raises(ckpt.CheckpointError, match="metrics.jsonl"):
+        ckpt.read_manifest(copy)
+
+
+def test_in_segment_saves_every_batch_change_nothing(cifar_dir, reference, tmp_path):
+    """checkpoint_interval_s far below a step's time: a save at every batch boundary."""
+    out = train(cifar_dir, tmp_path / "s", spec_kw={**SPEC, "checkpoint_interval_s": 1e-6},
+                work=tmp_path / "work")
+    work = ckpt.read_manifest(tmp_path / "work")
+    assert (work["epoch"], work["step"]) == (2, 19)  # the last boundary before the end
+    assert_bit_identical(state_of(reference)["model"], state_of(tmp_path / "s")["model"])
+    assert same_metrics(metrics_of(reference), metrics_of(tmp_path / "s"))
+
+
+def test_changed_synthetic_data_is_refused(cifar_dir, reference, tmp_path):
+    other = spec(**SPEC)
+    text = json.loads(other.read_text())
+    assert text["data_id"].startswith("synthetic-")
+    from cifarflow.config import data_identity, with_defaults
+
+    changed = with_defaults({"data": {"synthetic": {"train_size": 2000, "test_size": 400,
+                                                    "noise": 0.5}}})["data"]
+    text["data_id"] = data_identity(changed)
+    other.write_text(json.dumps(text))
+    out = cli("train", "--spec", other, "--data", cifar_dir, "--out", tmp_path / "n",
+              "--resume", reference, check=False)
+    assert out.returncode == 2 and "data_id" in out.stderr and "refusing to resume" in out.stderr

@@ -7,7 +7,8 @@ from pathlib import Path
 
 COLUMNS = ["run", "strategy", "model", "batch_size", "world_size", "cpus_per_task", "epochs",
            "images_per_sec", "images_per_sec_per_core", "train_loss", "test_acc", "wall_s",
-           "epoch_s", "peak_mem_mb", "gpu_util_pct", "segments", "slurm_job_ids", "status"]
+           "epoch_s", "peak_mem_mb", "gpu_util_pct", "segments", "slurm_job_ids", "status",
+           "fallbacks"]
 SCALING_KEYS = ("world_size", "replicas")
 
 
@@ -25,6 +26,9 @@ def summarize_run(name: str, run: dict) -> dict:
     if not path or not Path(path).is_file():
         return {**row, "status": "missing"}
     history = load_history(path)
+    manifest = Path(path).with_name("checkpoint.json")
+    events = json.loads(manifest.read_text()).get("events", []) if manifest.is_file() else []
+    row["fallbacks"] = " | ".join(events)
     if not history:
         return {**row, "status": "empty"}
     last = history[-1]

@@ -5,9 +5,11 @@ fsync'ed and renamed; then ``checkpoint.json`` (sizes, sha256, progress, config 
 written the same way, last. A directory without that manifest, or whose payload differs
 from it, is refused with one clear error naming the file.
 
-Backends: ``FileCheckpointer`` (one ``torch.save`` file, written by rank 0) for
-cpu/gpu/ddp/mps/lightning and ``ShardedCheckpointer`` (``torch.distributed.checkpoint``,
-every rank writes its shards) for fsdp.
+One interface, two backends, chosen by the strategy: ``FileCheckpointer`` (one
+``torch.save`` file, written by rank 0) and ``ShardedCheckpointer``
+(``torch.distributed.checkpoint``: every rank writes its own shards of model and
+optimizer). Both take and give the same state: ``{"model", "optimizer", "trainer"}``, and
+both cover small text files (the metric history) with the same manifest.
 """
 
 from __future__ import annotations
@@ -54,9 +56,9 @@ def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
 
 
 def describe_files(root: Path) -> dict:
+    """Every file but the manifest (DCP's own ``shards/.metadata`` included)."""
     return {str(p.relative_to(root)): {"size": p.stat().st_size, "sha256": sha256_file(p)}
-            for p in sorted(root.rglob("*")) if p.is_file() and p.name != MANIFEST
-            and not p.name.startswith(".")}
+            for p in sorted(root.rglob("*")) if p.is_file() and p.name != MANIFEST}
 
 
 def write_manifest(directory: Path, backend: str, meta: dict) -> dict:
@@ -91,11 +93,16 @@ def read_manifest(directory: Path, verify: bool = True) -> dict:
     return manifest
 
 
+def staging_path(directory: Path) -> Path:
+    directory = Path(directory)
+    return directory.with_name(f".{directory.name}.staging")
+
+
 def prepare_staging(directory: Path) -> Path:
     """A fresh staging directory beside the target; the target is replaced at the end."""
     directory = Path(directory)
     directory.parent.mkdir(parents=True, exist_ok=True)
-    staging = directory.with_name(f".{directory.name}.staging")
+    staging = staging_path(directory)
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
     return staging
@@ -121,60 +128,68 @@ def _save_torch(obj, path: Path) -> None:
         os.fsync(f.fileno())
 
 
-class FileCheckpointer:
+def _finish(staging: Path, directory: Path, backend: str, meta: dict, files: dict) -> None:
+    """Rank 0: the small files, then the manifest over everything, then the swap."""
+    for name, text in files.items():
+        atomic_write_text(staging / name, text)
+    write_manifest(staging, backend, meta)
+    publish(staging, Path(directory))
+
+
+class Checkpointer:
+    """save(directory, state, meta, files) / load(directory, template) -> state.
+
+    state: {"model": ..., "optimizer": ..., "trainer": {...}} as the strategy gives them;
+    template: the same keys for model and optimizer, the live state dicts a sharded load
+    fills in place; files: name -> text, written beside the payload and covered by the
+    manifest. The caller's dicts are never modified."""
+
+    backend = ""
+
+    def __init__(self, dist):
+        self.dist = dist  # the strategy: rank, device, barrier
+
+
+class FileCheckpointer(Checkpointer):
     backend = "file"
     payload = "state.pt"
 
-    def save(self, directory: Path, state: dict, meta: dict, dist) -> None:
-        """state: the full training state (model, optimizer, ...) on rank 0."""
-        if dist.is_main:
+    def save(self, directory: Path, state: dict, meta: dict, files: dict) -> None:
+        if self.dist.is_main:
             staging = prepare_staging(directory)
             _save_torch(state, staging / self.payload)
-            write_manifest(staging, self.backend, meta)
-            publish(staging, Path(directory))
-        dist.barrier()  # nobody reads before rank 0 has finished writing
+            _finish(staging, directory, self.backend, meta, files)
+        self.dist.barrier()  # nobody reads before rank 0 has finished writing
 
-    def load(self, directory: Path, dist, verify: bool = True) -> tuple[dict, dict]:
+    def load(self, directory: Path, template: dict) -> dict:
         import torch
 
-        manifest = read_manifest(directory, verify=verify and dist.is_main)
-        dist.barrier()
-        state = torch.load(Path(directory) / self.payload, map_location=dist.device,
-                           weights_only=False)
-        return state, manifest
+        return torch.load(Path(directory) / self.payload, map_location=self.dist.device,
+                          weights_only=False)
 
 
-class ShardedCheckpointer:
-    """torch.distributed.checkpoint: model and optimizer as shards of every rank;
-    the small trainer state (progress, RNG, history) in ``trainer.pt`` from rank 0."""
+class ShardedCheckpointer(Checkpointer):
+    """Model and optimizer as shards of every rank; the trainer state in ``trainer.pt``."""
 
     backend = "dcp"
 
-    def save(self, directory: Path, state: dict, meta: dict, dist) -> None:
-        import torch.distributed as tdist
+    def save(self, directory: Path, state: dict, meta: dict, files: dict) -> None:
         import torch.distributed.checkpoint as dcp
 
-        staging = directory.with_name(f".{Path(directory).name}.staging")
-        if dist.is_main:
-            staging = prepare_staging(directory)
-        tdist.barrier()
-        sharded = {"model": state.pop("model"), "optimizer": state.pop("optimizer")}
-        dcp.save(sharded, checkpoint_id=str(staging / "shards"))
-        if dist.is_main:
-            _save_torch(state, staging / "trainer.pt")
-            write_manifest(staging, self.backend, meta)
-            publish(staging, Path(directory))
-        tdist.barrier()
+        staging = prepare_staging(directory) if self.dist.is_main else staging_path(directory)
+        self.dist.barrier()
+        dcp.save({"model": state["model"], "optimizer": state["optimizer"]},
+                 checkpoint_id=str(staging / "shards"))
+        if self.dist.is_main:
+            _save_torch(state["trainer"], staging / "trainer.pt")
+            _finish(staging, directory, self.backend, meta, files)
+        self.dist.barrier()
 
-    def load(self, directory: Path, dist, template: dict,
-             verify: bool = True) -> tuple[dict, dict]:
-        """template: {"model": ..., "optimizer": ...} state dicts to load into in place."""
+    def load(self, directory: Path, template: dict) -> dict:
         import torch
         import torch.distributed.checkpoint as dcp
 
-        manifest = read_manifest(directory, verify=verify and dist.is_main)
-        dist.barrier()
-        dcp.load(template, checkpoint_id=str(Path(directory) / "shards"))
-        state = torch.load(Path(directory) / "trainer.pt", map_location="cpu", weights_only=False)
-        state.update(template)
-        return state, manifest
+        sharded = {"model": template["model"], "optimizer": template["optimizer"]}
+        dcp.load(sharded, checkpoint_id=str(Path(directory) / "shards"))
+        trainer = torch.load(Path(directory) / "trainer.pt", map_location="cpu", weights_only=False)
+        return {**sharded, "trainer": trainer}

@@ -17,7 +17,8 @@ START = time.time()
 def cmd_fetch_data(a) -> None:
     from . import data
 
-    synthetic = json.loads(a.synthetic) if a.synthetic else None
+    synthetic = {k: getattr(a, k) for k in ("train_size", "test_size", "seed", "noise")
+                 if getattr(a, k) is not None}
     path = data.prepare_archive(a.source, Path(a.out_dir), url=a.url, md5=a.md5,
                                 archive=a.archive, synthetic=synthetic)
     print(f"dataset archive ready: {path}")
@@ -32,23 +33,14 @@ def cmd_extract_data(a) -> None:
     print(f"extracted and checked {batches}")
 
 
-def min_budget(seconds: float | None, minutes: float | None) -> float | None:
-    budgets = [b for b in (seconds, minutes * 60 if minutes else None) if b]
-    return min(budgets) if budgets else None
-
-
 def cmd_train(a) -> None:
     from .config import TrainConfig
     from .engine import run_training
 
-    spec = json.loads(Path(a.spec).read_text() if a.spec.endswith(".json") else a.spec)
-    if a.threads:
-        spec["threads"] = a.threads
-    cfg = TrainConfig.from_dict(spec)
-    run_training(cfg, data_dir=Path(a.data), out_dir=Path(a.out),
-                 resume_dir=Path(a.resume) if a.resume else None,
+    run_training(TrainConfig.read(Path(a.spec)), threads=a.threads, data_dir=Path(a.data),
+                 out_dir=Path(a.out), resume_dir=Path(a.resume) if a.resume else None,
                  work_dir=Path(a.work) if a.work else None, until_epoch=a.until_epoch,
-                 budget_s=min_budget(a.budget_s, a.budget_min), margin_s=a.margin_s, start_time=START)
+                 budget_min=a.budget_min, start_time=START)
 
 
 def cmd_record_env(a) -> None:
@@ -83,7 +75,10 @@ def parser() -> argparse.ArgumentParser:
     f.add_argument("--url", default=CIFAR_URL)
     f.add_argument("--md5", default=CIFAR_MD5)
     f.add_argument("--archive", default=None)
-    f.add_argument("--synthetic", default=None, help="JSON: train_size, test_size, seed, noise")
+    f.add_argument("--train-size", type=int, help="synthetic: training images")
+    f.add_argument("--test-size", type=int, help="synthetic: test images")
+    f.add_argument("--seed", type=int, help="synthetic: generator seed")
+    f.add_argument("--noise", type=float, help="synthetic: pixel noise (fraction of 255)")
     f.set_defaults(func=cmd_fetch_data)
 
     e = sub.add_parser("extract-data", help="verify and extract the tarball")
@@ -93,16 +88,14 @@ def parser() -> argparse.ArgumentParser:
     e.set_defaults(func=cmd_extract_data)
 
     t = sub.add_parser("train", help="train one segment of a run")
-    t.add_argument("--spec", required=True, help="JSON object or path to a .json file")
+    t.add_argument("--spec", required=True, help="the run's spec.json (written by the workflow)")
     t.add_argument("--data", required=True, help="the cifar-10-batches-py directory")
     t.add_argument("--out", required=True, help="checkpoint directory this segment writes")
     t.add_argument("--resume", default=None, help="previous segment's checkpoint directory")
     t.add_argument("--work", default=None, help="directory for in-segment checkpoints")
     t.add_argument("--until-epoch", type=int, default=None)
-    t.add_argument("--budget-s", type=float, default=None, help="time budget in seconds")
     t.add_argument("--budget-min", type=float, default=None, help="time budget in minutes "
-                   "(the rule's runtime); the smaller of the two applies")
-    t.add_argument("--margin-s", type=float, default=60.0)
+                   "(the rule's runtime); the spec's budget_s applies if smaller")
     t.add_argument("--threads", type=int, default=0)
     t.set_defaults(func=cmd_train)
 

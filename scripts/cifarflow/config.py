@@ -1,78 +1,137 @@
-"""The training configuration of one run, validated on construction."""
+"""Configuration: the schema is the one source of defaults; a run is a typed ``TrainConfig``.
+
+The workflow plans every run at parse time (``plan.build_runs``) into a ``TrainConfig``,
+so its errors surface in ``snakemake -n``; a training job reads that object back from the
+run's ``spec.json``. No torch here: the Snakefile imports this module.
+"""
 
 from __future__ import annotations
 
+import copy
+import functools
 import hashlib
 import json
 from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+SCHEMA = Path(__file__).resolve().parents[2] / "workflow" / "schemas" / "config.schema.yaml"
 
 # Fields that change what is trained; a checkpoint refuses to resume if any differs.
-# Performance knobs (threads, loader, workers, compile, logging) may change freely.
+# Performance knobs (threads, loader, workers, compile, logging, segment budget) may change.
 SHAPING_FIELDS = ("strategy", "model", "epochs", "batch_size", "optimizer", "lr", "momentum",
                   "weight_decay", "scheduler", "warmup_epochs", "seed", "world_size",
-                  "lr_scaling", "amp", "data_md5")
+                  "lr_scaling", "amp", "data_id")
 
 
-@dataclass
+@functools.cache
+def schema() -> dict:
+    import yaml
+
+    return yaml.safe_load(SCHEMA.read_text())
+
+
+def fill_defaults(value, node: dict):
+    """value with every missing key that has a schema default filled in (recursively)."""
+    if "properties" not in node:
+        return value
+    value = dict(value or {})
+    for key, sub in node["properties"].items():
+        if key in value:
+            value[key] = fill_defaults(value[key], sub)
+        elif "default" in sub:
+            value[key] = fill_defaults(copy.deepcopy(sub["default"]), sub)
+    return value
+
+
+def with_defaults(config: dict) -> dict:
+    """A user config completed from the schema, as snakemake's ``validate`` does."""
+    return fill_defaults(config, schema())
+
+
+def data_identity(data: dict) -> str:
+    """What shaped the training data: the archive's md5, or every synthetic parameter."""
+    if data["source"] == "synthetic":
+        params = json.dumps(data["synthetic"], sort_keys=True)
+        return "synthetic-" + hashlib.sha256(params.encode()).hexdigest()[:12]
+    return data["md5"]
+
+
+@dataclass(frozen=True)
 class TrainConfig:
-    run: str = "run"
-    strategy: str = "cpu"
-    model: str = "lenet"
-    epochs: int = 2
-    batch_size: int = 512          # per process
-    optimizer: str = "sgd"         # sgd | adam
-    lr: float = 0.1
-    momentum: float = 0.9
-    weight_decay: float = 0.0
-    scheduler: str = "none"        # none | cosine | onecycle
-    warmup_epochs: float = 0.0     # onecycle's rising part, in epochs
-    seed: int = 0
-    loader: str = "tensor"         # tensor | torchvision (the seed's per-image path)
-    num_workers: int = 0
-    channels_last: bool = True
-    threads: int = 0               # 0: SLURM_CPUS_PER_TASK, else the rule's threads
-    eval_batch_size: int = 1024
-    world_size: int = 1            # processes (ranks) for ddp, fsdp, mps, lightning
-    device: str = "auto"           # ddp/fsdp/lightning: cpu | cuda | auto (cuda if visible)
-    backend: str = "auto"          # auto (nccl on GPU, gloo on CPU) | gloo | nccl | mpi
-    lr_scaling: str = "none"       # none | linear | sqrt: lr for N replicas
-    compile: bool = False
-    tf32_matmul: bool = False
-    tf32_cudnn: bool = True
-    amp: str = "none"              # none | bf16
-    log_interval_s: float = 10.0
-    checkpoint_interval_s: float = 300.0
-    deterministic: bool = True
-    data_md5: str = ""
+    """Everything one run's processes need; no defaults of its own (see ``plan``)."""
+
+    run: str
+    strategy: str
+    model: str
+    epochs: int
+    batch_size: int                # per process
+    optimizer: str
+    lr: float
+    momentum: float
+    weight_decay: float
+    scheduler: str
+    warmup_epochs: float
+    seed: int
+    loader: str
+    num_workers: int
+    channels_last: bool
+    compile: bool
+    amp: str
+    tf32_matmul: bool
+    tf32_cudnn: bool
+    eval_batch_size: int
+    log_interval_s: float
+    checkpoint_interval_s: float
+    deterministic: bool
+    world_size: int                # processes (ranks)
+    nodes: int
+    device: str                    # cpu | cuda | auto
+    backend: str                   # auto | gloo | nccl | mpi
+    lr_scaling: str
+    data_id: str
+    margin_s: float                # segment stops at min(0.8 T, T - margin)
+    budget_s: float                # 0: the job's runtime is the budget
 
     def __post_init__(self):
         def need(cond, msg):
             if not cond:
                 raise ValueError(f"run {self.run!r}: {msg}")
-        need(self.epochs >= 1, "epochs must be >= 1")
-        need(self.batch_size >= 1, "batch_size must be >= 1")
+        need(self.epochs >= 1 and self.batch_size >= 1, "epochs and batch_size must be >= 1")
         need(self.lr > 0, "lr must be > 0")
-        need(self.optimizer in ("sgd", "adam"), f"optimizer must be sgd or adam, not {self.optimizer!r}")
-        need(self.scheduler in ("none", "cosine", "onecycle"),
-             f"scheduler must be none, cosine or onecycle, not {self.scheduler!r}")
-        need(self.loader in ("tensor", "torchvision"), "loader must be tensor or torchvision")
-        need(self.num_workers >= 0 and self.threads >= 0, "num_workers and threads must be >= 0")
-        need(self.world_size >= 1, "world_size must be >= 1")
-        need(self.device in ("auto", "cpu", "cuda"), "device must be auto, cpu or cuda")
-        need(self.backend in ("auto", "gloo", "nccl", "mpi"), "backend must be auto, gloo, nccl or mpi")
-        need(self.lr_scaling in ("none", "linear", "sqrt"), "lr_scaling must be none, linear or sqrt")
-        need(self.amp in ("none", "bf16"), "amp must be none or bf16")
+        need(self.num_workers >= 0, "num_workers must be >= 0")
+        need(self.world_size >= 1 and self.nodes >= 1, "world_size and nodes must be >= 1")
+        need(self.world_size % self.nodes == 0,
+             f"world_size {self.world_size} is not a multiple of nodes {self.nodes}")
+        need(self.checkpoint_interval_s > 0, "checkpoint_interval_s must be > 0")
+        need(not (self.backend == "nccl" and self.device == "cpu"),
+             "backend nccl needs device cuda (nccl has no CPU tensors); use gloo on CPU")
 
     @classmethod
     def from_dict(cls, d: dict) -> "TrainConfig":
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"unknown training option(s) {unknown}; known: {sorted(known)}")
+        names = [f.name for f in fields(cls)]
+        unknown = sorted(set(d) - set(names))
+        missing = [n for n in names if n not in d]
+        if unknown or missing:
+            raise ValueError(f"run spec does not match this version of cifarflow (unknown: "
+                             f"{unknown}, missing: {missing}); rerun snakemake to rewrite it")
         return cls(**d)
+
+    @classmethod
+    def read(cls, path: Path) -> "TrainConfig":
+        try:
+            return cls.from_dict(json.loads(Path(path).read_text()))
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ValueError(f"cannot read run spec {path}: {exc}") from exc
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def write(self, path: Path) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(json.dumps(self.to_dict(), indent=1, sort_keys=True) + "\n")
+        tmp.replace(path)
 
     def effective_lr(self) -> float:
         """The seed warns lr must follow the number of replicas; this is that rule."""

@@ -215,10 +215,11 @@ def prepare_archive(source: str, dest_dir: Path, *, url: str = CIFAR_URL, md5: s
         target.symlink_to(Path(archive).resolve())
         return target
     if source == "synthetic":
-        s = synthetic or {}
-        digest = write_synthetic_archive(target, int(s.get("train_size", 5000)),
-                                         int(s.get("test_size", 1000)), int(s.get("seed", 0)),
-                                         float(s.get("noise", 0.35)))
+        from .config import fill_defaults, schema
+
+        s = fill_defaults(synthetic, schema()["properties"]["data"]["properties"]["synthetic"])
+        digest = write_synthetic_archive(target, int(s["train_size"]), int(s["test_size"]),
+                                         int(s["seed"]), float(s["noise"]))
         (dest_dir / (ARCHIVE_NAME + ".md5")).write_text(digest + "\n")
         return target
     raise DatasetError(f"unknown data.source {source!r}: use download, archive or synthetic")

@@ -1,10 +1,16 @@
-"""The one training loop every strategy runs.
+"""The one training loop, and the pieces every strategy's loop is made of.
 
-``train_segment`` trains a run from its last checkpoint up to ``until_epoch`` (or until its
-time budget or a SIGUSR2/SIGTERM says stop, at a batch boundary), then writes a checkpoint
-and the metric history. Trained in K segments or one, the weights are bit-identical: the
-checkpoint holds model, optimizer, scheduler, RNG states, the position inside the epoch
-and the partial-epoch accumulators, and the data order is a pure function of (seed, epoch).
+A ``Segment`` trains a run from its last checkpoint up to ``until_epoch``, or until its
+time budget or a SIGUSR2/SIGTERM says stop (at a batch boundary), then publishes a
+checkpoint with the metric history inside it. Trained in K segments or one, the weights
+are bit-identical: the checkpoint holds model, optimizer, scheduler, RNG states, the
+position inside the epoch and the partial-epoch accumulators, and the data order is a
+pure function of (seed, epoch).
+
+``Segment.run`` is the engine's own loop. A framework that brings its own loop
+(Lightning) calls the same pieces from its hooks: ``resume``, ``begin``, ``after_batch``,
+``end_epoch``, ``finish``. Every decision that leads to a collective (stop, save, which
+checkpoint to resume) is one value agreed by all ranks.
 """
 
 from __future__ import annotations
@@ -92,7 +98,7 @@ def gpu_utilization(device: str) -> float | None:
         return None
 
 
-# ---- stopping ----------------------------------------------------------------------------
+# ---- agreed decisions ------------------------------------------------------------------
 
 def slurm_end_time() -> float | None:
     """Absolute end of the Slurm job: SLURM_JOB_END_TIME, else ask squeue."""
@@ -113,15 +119,19 @@ def slurm_end_time() -> float | None:
 
 
 class StopController:
-    """Stop at a batch boundary when the time budget is nearly spent or on a signal.
+    """Whether to stop or save at this batch boundary: one value for all ranks.
 
-    The Slurm executor forwards no warning signal and counts TIMEOUT as failure, so the
-    segment times itself: it stops at min(0.8 T, T - margin) of its budget T, leaving
-    room for the final checkpoint; SIGUSR2/SIGTERM (e.g. ``--signal=B:USR2@90``) are the
-    backstop. Ranks agree by an all-reduce, so all stop at the same batch."""
+    The Slurm executor forwards no warning signal and counts TIMEOUT as failure, so a
+    segment times itself: it stops at min(0.8 T, T - margin) of its budget T, leaving room
+    for the final checkpoint; SIGUSR2/SIGTERM are the backstop. Each rank contributes its
+    signal and deadline, rank 0 its save clock; one all-reduce (max) of the two flags makes
+    every rank stop or save at the same batch."""
 
-    def __init__(self, budget_s: float | None, margin_s: float, strategy, start: float):
-        self.strategy, self.signalled = strategy, None
+    SIGNALS = (signal.SIGUSR2, signal.SIGTERM)
+
+    def __init__(self, budget_s: float | None, margin_s: float, strategy, start: float,
+                 interval_s: float):
+        self.s, self.signalled, self.interval_s = strategy, None, interval_s
         deadlines = []
         if budget_s:
             deadlines.append(start + min(0.8 * budget_s, budget_s - margin_s))
@@ -130,26 +140,31 @@ class StopController:
             remaining = end - start
             deadlines.append(start + min(0.8 * remaining, remaining - margin_s))
         self.deadline = min(deadlines) if deadlines else math.inf
-        for sig in (signal.SIGUSR2, signal.SIGTERM):
+        self.last_save = time.time()
+        for sig in self.SIGNALS:
             signal.signal(sig, self._on_signal)
 
     def _on_signal(self, signum, frame):
         self.signalled = signal.Signals(signum).name
 
-    def should_stop(self, next_step_s: float) -> str | None:
-        local = 0
-        if self.signalled:
-            local = 2
-        elif time.time() + next_step_s > self.deadline:
-            local = 1
-        if self.strategy.world_size > 1:
-            nccl = getattr(self.strategy, "backend_name", "") == "nccl"
-            flag = torch.tensor([local], device=self.strategy.device if nccl else "cpu")
-            local = int(self.strategy.all_reduce(flag, "max").item())
-        return {0: None, 1: "time budget", 2: f"signal {self.signalled or 'on another rank'}"}[local]
+    def decide(self, next_step_s: float, may_save: bool) -> tuple[str | None, bool]:
+        """(stop reason or None, save now?) agreed by all ranks."""
+        now = time.time()
+        stop = 2 + self.s.rank if self.signalled else int(now + next_step_s > self.deadline)
+        save = int(may_save and self.s.is_main and now - self.last_save >= self.interval_s)
+        if self.s.world_size > 1:
+            flags = self.s.all_reduce(torch.tensor([stop, save], device=self.s.reduce_device), "max")
+            stop, save = int(flags[0]), int(flags[1])
+        if stop >= 2:
+            local = self.signalled and stop == 2 + self.s.rank
+            return (f"signal {self.signalled}" if local else f"signal on rank {stop - 2}"), False
+        return ("time budget" if stop else None), bool(save)
+
+    def saved(self) -> None:
+        self.last_save = time.time()
 
 
-# ---- the loop ----------------------------------------------------------------------------
+# ---- one segment -----------------------------------------------------------------------
 
 @dataclass
 class Progress:
@@ -160,57 +175,69 @@ class Progress:
     seen: int = 0
     train_s: float = 0.0      # wall time of this epoch's training so far
     history: list = field(default_factory=list)
+    events: list = field(default_factory=list)  # logged fallbacks, carried to summary.csv
 
 
-class Trainer:
+class Segment:
     def __init__(self, cfg: TrainConfig, strategy, data_dir: Path, out_dir: Path,
                  resume_dir: Path | None = None, work_dir: Path | None = None,
-                 until_epoch: int | None = None, budget_s: float | None = None,
-                 margin_s: float = 60.0, start_time: float | None = None):
+                 until_epoch: int | None = None, budget_min: float | None = None,
+                 start_time: float | None = None):
         self.cfg, self.s = cfg, strategy
         self.data_dir, self.out_dir = Path(data_dir), Path(out_dir)
         self.resume_dir = Path(resume_dir) if resume_dir else None
         self.work_dir = Path(work_dir) if work_dir else None
         self.until_epoch = min(until_epoch or cfg.epochs, cfg.epochs)
-        self.budget_s, self.margin_s = budget_s, margin_s
+        budgets = [b for b in (cfg.budget_s, (budget_min or 0) * 60) if b]
+        self.budget_s = min(budgets) if budgets else None
         self.start_time = start_time or time.time()
-        self.checkpointer = (ckpt.ShardedCheckpointer() if strategy.checkpointer_kind == "dcp"
-                             else ckpt.FileCheckpointer())
+        self.checkpointer = strategy.checkpointer()
+        self.progress = Progress()
+        self.stop: StopController | None = None
 
     def log(self, msg: str) -> None:
         if self.s.is_main:
             print(msg, flush=True)
 
-    # ---- set-up
-    def build(self) -> None:
-        cfg, s = self.cfg, self.s
-        seed_everything(cfg.seed, cfg.deterministic)
+    # ---- pieces a loop is built from
+    def load_data(self) -> None:
+        seed_everything(self.cfg.seed, self.cfg.deterministic)
         self.train_split = Split.load(self.data_dir, train=True)
         self.test_split = Split.load(self.data_dir, train=False)
+
+    def make_batches(self):
+        cfg, s = self.cfg, self.s
         kw = dict(rank=s.rank, world_size=s.world_size, channels_last=cfg.channels_last,
                   device=s.device)
         if cfg.loader == "torchvision":
-            self.batches = TorchvisionBatches(self.data_dir, self.train_split, cfg.batch_size,
-                                              cfg.seed, num_workers=cfg.num_workers, **kw)
-        else:
-            self.batches = TensorBatches(self.train_split, cfg.batch_size, cfg.seed,
-                                         pin_memory=str(s.device).startswith("cuda"), **kw)
-        model = build_model(cfg.model).to(s.device)
-        if cfg.channels_last and s.channels_last_params:
+            return TorchvisionBatches(self.data_dir, self.train_split, cfg.batch_size, cfg.seed,
+                                      num_workers=cfg.num_workers, **kw)
+        return TensorBatches(self.train_split, cfg.batch_size, cfg.seed,
+                             pin_memory=str(s.device).startswith("cuda"), **kw)
+
+    def make_model(self):
+        model = build_model(self.cfg.model).to(self.s.device)
+        if self.cfg.channels_last and self.s.channels_last_params:
             model = model.to(memory_format=torch.channels_last)
-        self.model = s.wrap(model)
-        self.optimizer = build_optimizer(cfg, self.model.parameters())
-        self.scheduler = build_scheduler(cfg, self.optimizer, len(self.batches))
-        self.progress = Progress()
+        return model
+
+    def make_optimizer(self, params, steps_per_epoch: int):
+        optimizer = build_optimizer(self.cfg, params)
+        return optimizer, build_scheduler(self.cfg, optimizer, steps_per_epoch)
+
+    def attach(self, model, optimizer, scheduler, batches) -> None:
+        """What the loop trains: model as called (wrapped), its optimizer and schedule."""
+        self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self.batches, self.steps = batches, len(batches)
 
     # ---- checkpoints
     def state(self) -> dict:
         p = self.progress
         return {"model": self.s.model_state(self.model),
                 "optimizer": self.s.optimizer_state(self.model, self.optimizer),
-                "scheduler": self.scheduler.state_dict(), "rng": rng_state(),
-                "progress": {k: getattr(p, k) for k in p.__dataclass_fields__},
-                "config": self.cfg.to_dict()}
+                "trainer": {"scheduler": self.scheduler.state_dict(), "rng": rng_state(),
+                            "progress": {k: getattr(p, k) for k in p.__dataclass_fields__},
+                            "config": self.cfg.to_dict()}}
 
     def meta(self) -> dict:
         p = self.progress
@@ -219,200 +246,240 @@ class Trainer:
                 "epochs": self.cfg.epochs, "until_epoch": self.until_epoch,
                 "done": p.epoch >= self.cfg.epochs, "segment_reached_target":
                 p.epoch >= self.until_epoch, "world_size": self.s.world_size,
-                "slurm_job_id": os.environ.get("SLURM_JOB_ID", "")}
+                "events": p.events, "slurm_job_id": os.environ.get("SLURM_JOB_ID", "")}
 
     def save(self, directory: Path) -> float:
         t0 = time.perf_counter()
-        self.checkpointer.save(directory, self.state(), self.meta(), self.s)
+        history = "".join(json.dumps(r) + "\n" for r in self.progress.history)
+        self.checkpointer.save(directory, self.state(), self.meta(), {METRICS: history})
         return time.perf_counter() - t0
 
-    def check_compatible(self, manifest: dict, directory: Path) -> None:
-        if manifest["config_hash"] != self.cfg.shaping_hash():
-            diff = self.cfg.shaping_diff(manifest.get("config", {}))
-            changes = ", ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in diff.items())
-            raise ckpt.CheckpointError(
-                f"refusing to resume from {directory}: the training config changed ({changes}). "
-                "Only the segment count may change between segments; delete "
-                f"results/runs/{self.cfg.strategy}/{self.cfg.run} to start this run afresh")
+    def check_compatible(self, manifest: dict, directory: Path, what: str) -> None:
+        if manifest.get("config_hash") == self.cfg.shaping_hash():
+            return
+        diff = self.cfg.shaping_diff(manifest.get("config", {}))
+        changes = ", ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in diff.items())
+        raise ckpt.CheckpointError(
+            f"refusing to resume from {directory}: the training config changed ({changes}). "
+            f"Restore the config, or delete {what} to train this run afresh")
 
-    def load(self, directory: Path) -> None:
-        """directory comes from pick_resume, which has already checked its files."""
-        self.check_compatible(ckpt.read_manifest(directory, verify=False), directory)
-        if self.checkpointer.backend == "dcp":
+    def _pick(self) -> tuple[Path | None, list[str]]:
+        """Rank 0: the furthest usable checkpoint of this run, and what was set aside."""
+        found, notes = [], []
+        run_dir = self.out_dir.parent
+        if self.resume_dir is not None:
+            if not self.resume_dir.exists():
+                raise ckpt.CheckpointError(f"previous segment checkpoint {self.resume_dir} is "
+                                           "missing; rerun snakemake to retrain it")
+            m = ckpt.read_manifest(self.resume_dir)
+            self.check_compatible(m, self.resume_dir, run_dir)
+            found.append(((m["epoch"], m["step"]), 1, self.resume_dir))
+        if self.work_dir is not None and self.work_dir.exists():
+            try:
+                m = ckpt.read_manifest(self.work_dir)
+            except ckpt.CheckpointError as exc:
+                notes.append(f"in-segment checkpoint unusable ({exc}); fell back to "
+                             f"{self.resume_dir or 'the start of the run'}")
+            else:
+                self.check_compatible(m, self.work_dir, self.work_dir)
+                found.append(((m["epoch"], m["step"]), 0, self.work_dir))
+        if not found:
+            return None, notes
+        pos, _, chosen = max(found)
+        if pos > (self.until_epoch, 0):
+            notes.append(f"{chosen} is at epoch {pos[0] + 1} batch {pos[1]}, past this "
+                         f"segment's target epoch {self.until_epoch} (segments.count changed?): "
+                         "nothing to train, published as is")
+        return chosen, notes
+
+    def resume(self) -> Path | None:
+        """Load the checkpoint rank 0 chose; every rank learns the choice (or the error)."""
+        choice, error, notes, code = None, None, [], 0
+        if self.s.is_main:
+            try:
+                choice, notes = self._pick()
+                code = 0 if choice is None else (1 if choice == self.resume_dir else 2)
+            except ckpt.CheckpointError as exc:
+                error, code = exc, -1
+        if self.s.world_size > 1:
+            code = int(self.s.all_reduce(torch.tensor([code], device=self.s.reduce_device))[0])
+            choice = {0: None, 1: self.resume_dir, 2: self.work_dir, -1: None}[code]
+        if code == -1:
+            raise error or ckpt.CheckpointError("rank 0 refused the checkpoint (see its message)")
+        for note in notes:
+            self.log(f"WARNING: {note}")
+        if choice is not None:
             template = {"model": self.s.model_state(self.model),
                         "optimizer": self.s.optimizer_state(self.model, self.optimizer)}
-            state, _ = self.checkpointer.load(directory, self.s, template, verify=False)
-        else:
-            state, _ = self.checkpointer.load(directory, self.s, verify=False)
-        self.s.load_model_state(self.model, state["model"])
-        self.s.load_optimizer_state(self.model, self.optimizer, state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        set_rng_state(state["rng"])
-        self.progress = Progress(**state["progress"])
+            state = self.checkpointer.load(choice, template)
+            self.s.load_model_state(self.model, state["model"])
+            self.s.load_optimizer_state(self.model, self.optimizer, state["optimizer"])
+            trainer = state["trainer"]
+            self.scheduler.load_state_dict(trainer["scheduler"])
+            set_rng_state(trainer["rng"])
+            self.progress = Progress(**trainer["progress"])
+            self.log(f"resumed from {choice} at epoch {self.progress.epoch + 1}, "
+                     f"batch {self.progress.step}")
+        self.progress.events += notes
+        return choice
 
-    def pick_resume(self) -> Path | None:
-        """The previous segment's checkpoint, or this run's in-segment checkpoint when that
-        got further (a killed job loses only the work since its last save)."""
-        candidates = []
-        for d in (self.resume_dir, self.work_dir):
-            if d is None or not d.exists():
-                continue
-            if d == self.resume_dir:
-                m = ckpt.read_manifest(d, verify=self.s.is_main)  # damaged input: an error
-            else:
-                try:
-                    m = ckpt.read_manifest(d, verify=True)
-                except ckpt.CheckpointError as exc:
-                    self.log(f"ignoring unusable in-segment checkpoint: {exc}")
-                    continue
-                if m.get("config_hash") != self.cfg.shaping_hash():
-                    continue
-            pos = (m["epoch"], m["step"])
-            if pos <= (self.until_epoch, 0):
-                candidates.append((pos, d == self.resume_dir, d))
-        if self.resume_dir is not None and not self.resume_dir.exists():
-            raise ckpt.CheckpointError(f"previous segment checkpoint {self.resume_dir} is missing")
-        return max(candidates)[2] if candidates else None
+    # ---- the loop's steps
+    def begin(self) -> None:
+        p = self.progress
+        self.stop = StopController(self.budget_s, self.cfg.margin_s, self.s, self.start_time,
+                                   self.cfg.checkpoint_interval_s)
+        self.save_s = 0.0
+        self.log(f"[{self.cfg.run}] {self.s.describe()} model={self.cfg.model} "
+                 f"batch={self.cfg.batch_size} epochs {p.epoch + 1}..{self.until_epoch} "
+                 f"of {self.cfg.epochs}, {self.steps} batches/epoch")
 
-    # ---- training
-    def train_step(self, x, y):
+    def start_epoch(self) -> None:
+        """Accumulators start from the checkpointed partial sums: the same float sequence
+        whether or not the epoch was split."""
+        p = self.progress
+        self._loss = torch.tensor(p.loss_sum, dtype=torch.float64, device=self.s.device)
+        self._hits = torch.tensor(p.correct, dtype=torch.int64, device=self.s.device)
+        self._restart_clock()
+        self._t_log = time.time()
+
+    def _restart_clock(self) -> None:
+        self._mark, self._base_s, self._seen0, self._steps0 = (
+            time.perf_counter(), self.progress.train_s, self.progress.seen, 0)
+
+    def _fold(self) -> None:
+        """Copy the device-side accumulators into the (checkpointed) progress record."""
+        p = self.progress
+        p.loss_sum, p.correct = float(self._loss), int(self._hits)
+        p.train_s = self._base_s + time.perf_counter() - self._mark
+
+    def compute(self, x, y):
+        """Loss and correct predictions of one batch (the forward pass every loop uses)."""
         with self.s.autocast():
             out = self.model(x)
-            loss = F.cross_entropy(out, y)
+            return F.cross_entropy(out, y), (out.argmax(1) == y).sum()
+
+    def train_step(self, x, y):
+        loss, hits = self.compute(x, y)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         self.optimizer.step()
         self.scheduler.step()
-        return loss.detach(), (out.argmax(1) == y).sum()
+        return loss.detach(), hits
+
+    def after_batch(self, loss, hits, n: int) -> str | None:
+        """Account one trained batch; inside an epoch, stop or save when all ranks agree."""
+        p = self.progress
+        self._loss += loss.double() * n
+        self._hits += hits
+        p.seen += n
+        p.step += 1
+        self._steps0 += 1
+        elapsed = time.perf_counter() - self._mark
+        if time.time() - self._t_log >= self.cfg.log_interval_s:
+            self._t_log = time.time()
+            self.log(f"  epoch {p.epoch + 1}/{self.cfg.epochs} batch {p.step}/{self.steps} "
+                     f"loss {loss.item():.4f} "
+                     f"{(p.seen - self._seen0) * self.s.world_size / elapsed:,.0f} img/s")
+        if p.step >= self.steps:
+            return None  # the epoch's end decides
+        return self._decide(elapsed / self._steps0 + self.save_s)
+
+    def _decide(self, next_step_s: float) -> str | None:
+        reason, save = self.stop.decide(next_step_s, may_save=self.work_dir is not None)
+        if reason or save:
+            self._fold()
+        if save:
+            self.save_s = self.save(self.work_dir)
+            self.stop.saved()
+            self._restart_clock()
+        return reason
 
     @torch.no_grad()
     def evaluate(self) -> float:
         self.model.eval()
-        correct = torch.zeros((), dtype=torch.float64, device=self.s.device)
-        count = torch.zeros((), dtype=torch.float64, device=self.s.device)
+        hits = torch.zeros(2, dtype=torch.float64, device=self.s.device)
         for x, y, valid in eval_batches(self.test_split, self.cfg.eval_batch_size, self.s.rank,
                                         self.s.world_size, self.cfg.channels_last, self.s.device):
             with self.s.autocast():
                 pred = self.model(x).argmax(1)
-            correct += ((pred == y) & valid).sum()
-            count += valid.sum()
+            hits += torch.stack([((pred == y) & valid).sum(), valid.sum()]).double()
         self.model.train()
-        totals = self.s.all_reduce(torch.stack([correct, count]).to(self.reduce_device()))
+        totals = self.s.all_reduce(hits.to(self.s.reduce_device))
         return float(totals[0] / totals[1])
 
-    def reduce_device(self):
-        return self.s.device if getattr(self.s, "backend_name", "gloo") == "nccl" else "cpu"
-
-    def end_epoch(self, images_per_sec_rank: float) -> dict:
+    def end_epoch(self) -> str | None:
+        """Record the finished epoch (reduced over ranks, evaluated); then, if more epochs
+        follow in this segment, stop or save when all ranks agree."""
+        self._fold()
         p, s = self.progress, self.s
-        sums = s.all_reduce(torch.tensor([p.loss_sum, p.correct, p.seen, images_per_sec_rank],
-                                         dtype=torch.float64, device=self.reduce_device()))
+        ips_rank = p.seen / p.train_s if p.train_s else 0.0
+        sums = s.all_reduce(torch.tensor([p.loss_sum, p.correct, p.seen, ips_rank],
+                                         dtype=torch.float64, device=s.reduce_device))
         t_eval = time.perf_counter()
         test_acc = self.evaluate()
-        record = {"epoch": p.epoch + 1, "train_loss": float(sums[0] / sums[2]),
-                  "train_acc": float(sums[1] / sums[2]), "test_acc": test_acc,
-                  "images_per_sec": float(sums[3]), "images_per_sec_per_rank": images_per_sec_rank,
-                  "wall_s": p.train_s, "eval_s": time.perf_counter() - t_eval,
-                  "lr": self.scheduler.get_last_lr()[0], "world_size": s.world_size,
-                  "peak_mem_mb": peak_memory_mb(s.device),
-                  "gpu_util_pct": gpu_utilization(s.device),
-                  "slurm_job_id": os.environ.get("SLURM_JOB_ID", "")}
-        p.history.append(record)
+        rec = {"epoch": p.epoch + 1, "train_loss": float(sums[0] / sums[2]),
+               "train_acc": float(sums[1] / sums[2]), "test_acc": test_acc,
+               "images_per_sec": float(sums[3]), "images_per_sec_per_rank": ips_rank,
+               "wall_s": p.train_s, "eval_s": time.perf_counter() - t_eval,
+               "lr": self.scheduler.get_last_lr()[0], "world_size": s.world_size,
+               "peak_mem_mb": peak_memory_mb(s.device), "gpu_util_pct": gpu_utilization(s.device),
+               "slurm_job_id": os.environ.get("SLURM_JOB_ID", "")}
+        p.history.append(rec)
         p.epoch, p.step, p.loss_sum, p.correct, p.seen, p.train_s = p.epoch + 1, 0, 0.0, 0, 0, 0.0
-        return record
+        self.log(f"epoch {rec['epoch']}/{self.cfg.epochs} loss {rec['train_loss']:.4f} "
+                 f"train_acc {rec['train_acc']:.3f} test_acc {rec['test_acc']:.3f} "
+                 f"{rec['images_per_sec']:,.0f} img/s ({rec['wall_s']:.1f} s)")
+        if p.epoch >= self.until_epoch:
+            return None
+        self.start_epoch()
+        return self._decide(rec["wall_s"] / max(1, self.steps) + self.save_s)
 
-    def run(self) -> dict:
-        self.build()
-        source = self.pick_resume()
-        if source is not None:
-            self.load(source)
-            self.log(f"resumed from {source} at epoch {self.progress.epoch + 1}, "
-                     f"batch {self.progress.step}")
-        stop = StopController(self.budget_s, self.margin_s, self.s, self.start_time)
-        p, steps = self.progress, len(self.batches)
-        self.log(f"[{self.cfg.run}] {self.s.describe()} model={self.cfg.model} "
-                 f"batch={self.cfg.batch_size} epochs {p.epoch + 1}..{self.until_epoch} "
-                 f"of {self.cfg.epochs}, {steps} batches/epoch")
-        reason, last_save, save_s = None, time.time(), 0.0
-        while p.epoch < self.until_epoch and reason is None:
-            # accumulators start from the checkpointed partial sums: same float sequence
-            # whether or not the epoch was split
-            loss_acc = torch.tensor(p.loss_sum, dtype=torch.float64, device=self.s.device)
-            correct_acc = torch.tensor(p.correct, dtype=torch.int64, device=self.s.device)
-            t0, t_log, done_here, base_s = time.perf_counter(), time.time(), 0, p.train_s
-            seen_at_t0 = p.seen
-            for x, y in self.batches.epoch(p.epoch, p.step):
-                loss, correct = self.train_step(x, y)
-                loss_acc += loss.double() * len(y)
-                correct_acc += correct
-                p.seen += len(y)
-                p.step += 1
-                done_here += 1
-                elapsed = time.perf_counter() - t0
-                if time.time() - t_log >= self.cfg.log_interval_s:
-                    t_log = time.time()
-                    self.log(f"  epoch {p.epoch + 1}/{self.cfg.epochs} batch {p.step}/{steps} "
-                             f"loss {loss.item():.4f} "
-                             f"{(p.seen - seen_at_t0) * self.s.world_size / elapsed:,.0f} img/s")
-                if p.step >= steps:
-                    break
-                reason = stop.should_stop(elapsed / done_here + save_s)
-                periodic = (self.work_dir is not None and
-                            time.time() - last_save >= self.cfg.checkpoint_interval_s)
-                if reason or periodic:
-                    self._fold(loss_acc, correct_acc, base_s + time.perf_counter() - t0)
-                    if reason:
-                        break
-                    save_s = self.save(self.work_dir)
-                    last_save = time.time()
-                    t0, done_here, base_s = time.perf_counter(), 0, p.train_s
-                    seen_at_t0 = p.seen
-            if reason:
-                break
-            self._fold(loss_acc, correct_acc, base_s + time.perf_counter() - t0)
-            rec = self.end_epoch(p.seen / p.train_s if p.train_s else 0.0)
-            self.log(f"epoch {rec['epoch']}/{self.cfg.epochs} loss {rec['train_loss']:.4f} "
-                     f"train_acc {rec['train_acc']:.3f} test_acc {rec['test_acc']:.3f} "
-                     f"{rec['images_per_sec']:,.0f} img/s ({rec['wall_s']:.1f} s)")
-            if p.epoch < self.until_epoch:
-                reason = stop.should_stop(rec["wall_s"] / max(1, steps) + save_s)
+    def finish(self, reason: str | None) -> dict:
+        p = self.progress
         if reason:
-            self.log(f"stopping at epoch {p.epoch + 1} batch {p.step}: {reason}; checkpointing")
+            print(f"[rank {self.s.rank}] stopping at epoch {p.epoch + 1} batch {p.step}: "
+                  f"{reason}", flush=True)
             if self.work_dir and reason.startswith("signal"):
                 # Slurm may still mark the job failed (TIMEOUT) and Snakemake then drops
                 # its outputs: the in-segment copy is what the rerun resumes from
                 self.save(self.work_dir)
         save_s = self.save(self.out_dir)
-        if self.s.is_main:
-            write_metrics(self.out_dir / METRICS, p.history)
         self.log(f"checkpoint {self.out_dir} written in {save_s:.2f} s "
                  f"({'done' if p.epoch >= self.cfg.epochs else 'to be continued'})")
         return {"epoch": p.epoch, "step": p.step, "stopped": reason, "save_s": save_s}
 
-    def _fold(self, loss_acc, correct_acc, train_s) -> None:
-        """Copy the device-side accumulators into the (checkpointed) progress record."""
-        p = self.progress
-        p.loss_sum, p.correct, p.train_s = float(loss_acc), int(correct_acc), train_s
-
-
-def write_metrics(path: Path, history: list) -> None:
-    ckpt.atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in history))
+    # ---- the engine's own loop
+    def run(self) -> dict:
+        self.load_data()
+        batches = self.make_batches()
+        model = self.s.wrap(self.make_model())
+        self.attach(model, *self.make_optimizer(model.parameters(), len(batches)), batches)
+        self.resume()
+        self.begin()
+        p, reason = self.progress, None
+        while reason is None and p.epoch < self.until_epoch:
+            self.start_epoch()
+            for x, y in self.batches.epoch(p.epoch, p.step):
+                reason = self.after_batch(*self.train_step(x, y), len(y))
+                if reason:
+                    break
+            else:
+                reason = self.end_epoch()
+        return self.finish(reason)
 
 
 def read_metrics(path: Path) -> list[dict]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 
 
-def run_training(cfg: TrainConfig, **kw) -> dict:
-    """Thin entry point: build the strategy, train, always tear the process group down."""
+def run_training(cfg: TrainConfig, threads: int = 0, **segment_kw) -> dict:
+    """Thin entry point: set the strategy up, let it drive a segment, always tear down."""
     from .strategies import get_strategy
 
-    strategy = get_strategy(cfg.strategy)(cfg)
+    strategy = get_strategy(cfg.strategy)(cfg, threads)
     try:
         strategy.setup()
-        if hasattr(strategy, "fit"):  # strategies that bring their own loop (Lightning)
-            return strategy.fit(kw)
-        return Trainer(cfg, strategy, **kw).run()
+        return strategy.train(Segment(cfg, strategy, **segment_kw))
     finally:
         strategy.teardown()
         sys.stdout.flush()

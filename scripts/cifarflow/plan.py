@@ -1,7 +1,9 @@
 """From the user's config to the runs the workflow trains (no torch: the Snakefile imports it).
 
 A run is one strategy with one combination of swept values; its name is derived from
-those values (``ddp_ws2_bs256``), so it is readable and stable across invocations.
+those values (``ddp_ws2_bs256``), so it is readable and stable across invocations. Each
+run is planned once, here, into a typed ``TrainConfig``; what a strategy adds (world size,
+process settings, scheduler request, launcher) comes from its class.
 """
 
 from __future__ import annotations
@@ -10,20 +12,22 @@ import itertools
 import math
 from dataclasses import dataclass, field
 
-from .strategies.base import get_strategy
+from .config import TrainConfig, data_identity
+from .strategies import Strategy, get_strategy, registered
 
-# sweep key -> (short name in run names, where it goes, strategies it applies to)
+# sweep key -> (short name in run names, config section it overrides). A key of a section
+# other than train/resources applies to the strategies that read that section.
 SWEEP_KEYS = {
-    "batch_size": ("bs", "train", None),
-    "lr": ("lr", "train", None),
-    "model": ("", "train", None),
-    "num_workers": ("nw", "train", None),
-    "loader": ("", "train", None),
-    "cpus_per_task": ("cpus", "resources", None),
-    "world_size": ("ws", "distributed", ("ddp", "fsdp", "lightning")),
-    "replicas": ("rep", "mps", ("mps",)),
+    "batch_size": ("bs", "train"),
+    "lr": ("lr", "train"),
+    "model": ("", "train"),
+    "num_workers": ("nw", "train"),
+    "loader": ("", "train"),
+    "cpus_per_task": ("cpus", "resources"),
+    "world_size": ("ws", "distributed"),
+    "replicas": ("rep", "mps"),
 }
-DISTRIBUTED = ("ddp", "fsdp", "lightning")
+COMMON_SECTIONS = ("train", "resources")
 
 
 @dataclass
@@ -31,15 +35,23 @@ class Run:
     name: str
     strategy: str
     swept: dict
-    spec: dict                   # TrainConfig fields
+    config: TrainConfig
     resources: dict              # scheduler request of each segment
     threads: int = 1             # cores the local scheduler reserves
     segment_epochs: list = field(default_factory=list)  # target epoch of segment k (1-based)
 
+    @property
+    def spec(self) -> dict:
+        return self.config.to_dict()
+
+    @property
+    def strategy_class(self) -> type[Strategy]:
+        return get_strategy(self.strategy)
+
     def until_epoch(self, segment: int) -> int:
         if segment <= len(self.segment_epochs):
             return self.segment_epochs[segment - 1]
-        return self.spec["epochs"]  # extra segments after early stops finish the run
+        return self.config.epochs  # extra segments after early stops finish the run
 
 
 def segment_targets(epochs: int, count: int) -> list[int]:
@@ -53,45 +65,49 @@ def _label(key: str, value) -> str:
     return f"{short}{text}" if short else text
 
 
-def sweep_combos(strategy: str, sweep: dict) -> list[dict]:
-    keys = [k for k in sweep if SWEEP_KEYS[k][2] is None or strategy in SWEEP_KEYS[k][2]]
+def sweep_combos(cls: type[Strategy], sweep: dict) -> list[dict]:
+    sections = COMMON_SECTIONS + tuple(cls.config_sections)
+    keys = [k for k in sweep if SWEEP_KEYS[k][1] in sections]
     values = [sweep[k] if isinstance(sweep[k], list) else [sweep[k]] for k in keys]
     return [dict(zip(keys, combo)) for combo in itertools.product(*values)]
 
 
+def plan_run(strategy: str, config: dict, swept: dict) -> Run:
+    """One run of a schema-complete config (snakemake's validate, or ``with_defaults``)."""
+    cls = get_strategy(strategy)
+    sections = {name: dict(config[name]) for name in
+                ("train", "resources", "distributed", "mps", "segments")}
+    for key, value in swept.items():
+        sections[SWEEP_KEYS[key][1]][key] = value
+    name = "_".join([strategy] + [_label(k, v) for k, v in swept.items()])
+    train, res = sections["train"], sections["resources"]
+    if train["loader"] == "torchvision" and not train["num_workers"]:
+        train["num_workers"] = int(res["cpus_per_task"])  # the seed: workers = cpus
+    world = cls.world_size(sections)
+    cfg = TrainConfig.from_dict({
+        **train, "run": name, "strategy": strategy, "world_size": world,
+        **cls.process_settings(sections), "data_id": data_identity(config["data"]),
+        "margin_s": float(sections["segments"]["margin_s"]),
+        "budget_s": float(sections["segments"]["budget_s"])})
+    job = dict(cls.job_resources(cfg, res), runtime=int(res["runtime"]))
+    return Run(name, strategy, swept, cfg, job,
+               segment_epochs=segment_targets(cfg.epochs, int(sections["segments"]["count"])),
+               threads=int(res["cpus_per_task"]) * world)
+
+
 def build_runs(config: dict) -> dict[str, Run]:
+    unknown = sorted(set(config["strategies"]) - set(registered()))
+    if unknown:
+        raise ValueError(f"unknown strateg{'y' if len(unknown) == 1 else 'ies'} "
+                         f"{', '.join(map(repr, unknown))}; known: {', '.join(sorted(registered()))}")
     unknown = sorted(set(config.get("sweep") or {}) - set(SWEEP_KEYS))
     if unknown:
         raise ValueError(f"sweep: unknown key(s) {unknown}; sweepable: {sorted(SWEEP_KEYS)}")
     runs: dict[str, Run] = {}
-    data_md5 = config["data"]["md5"] if config["data"]["source"] != "synthetic" else "synthetic"
     for strategy in config["strategies"]:
-        cls = get_strategy(strategy)
-        for swept in sweep_combos(strategy, config.get("sweep") or {}):
-            sections = {"train": dict(config["train"]), "resources": dict(config["resources"]),
-                        "distributed": dict(config["distributed"]), "mps": dict(config["mps"])}
-            for key, value in swept.items():
-                sections[SWEEP_KEYS[key][1]][key] = value
-            name = "_".join([strategy] + [_label(k, v) for k, v in swept.items()])
-            spec = dict(sections["train"], run=name, strategy=strategy, data_md5=data_md5)
-            res = dict(sections["resources"])
-            world = 1
-            if strategy in DISTRIBUTED:
-                d = sections["distributed"]
-                world = int(d["world_size"])
-                spec.update(world_size=world, device=d["device"], backend=d["backend"],
-                            lr_scaling=d["lr_scaling"])
-                res.update(nodes=d["nodes"], device=d["device"])
-            elif strategy == "mps":
-                world = int(sections["mps"]["replicas"])
-                spec.update(world_size=world, backend=sections["mps"]["backend"],
-                            lr_scaling=config["distributed"]["lr_scaling"])
-            if spec.get("loader") == "torchvision" and not spec.get("num_workers"):
-                spec["num_workers"] = int(res["cpus_per_task"])  # the seed: workers = cpus
-            job = dict(cls.job_resources(world, res), runtime=int(res["runtime"]))
-            targets = segment_targets(int(spec["epochs"]), int(config["segments"]["count"]))
-            runs[name] = Run(name, strategy, swept, spec, job, segment_epochs=targets,
-                             threads=int(res["cpus_per_task"]) * world)
+        for swept in sweep_combos(get_strategy(strategy), config.get("sweep") or {}):
+            run = plan_run(strategy, config, swept)
+            runs[run.name] = run
     if not runs:
         raise ValueError("no runs: 'strategies' is empty")
     return runs

@@ -17,7 +17,6 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 )
 
 from cifarflow.plan import build_runs  # noqa: E402  (no torch import: parsing stays fast)
-from cifarflow.strategies import get_strategy  # noqa: E402
 
 try:
     RUNS = build_runs(config)
@@ -69,12 +68,16 @@ def slurm_placement():
 SLURM_PLACEMENT = slurm_placement()
 
 
+def run_dir(run):
+    return f"{RESULTS}/runs/{run}"
+
+
 def runs_of(strategy):
     return [name for name, run in RUNS.items() if run.strategy == strategy]
 
 
 def segment_dir(run, segment):
-    return f"{RESULTS}/runs/{run}/segment-{segment}"
+    return f"{run_dir(run)}/segment-{segment}"
 
 
 def previous_segment(wildcards):
@@ -83,16 +86,13 @@ def previous_segment(wildcards):
 
 
 def train_params(wildcards):
+    """Where this segment reads and writes; everything else is in the run's spec.json."""
     run = RUNS[wildcards.run]
     k = int(wildcards.segment)
-    args = ["--spec", json.dumps(run.spec), "--data", BATCHES,
-            "--out", segment_dir(run.name, k), "--work", f"{RESULTS}/runs/{run.name}/work",
-            "--until-epoch", str(run.until_epoch(k)),
-            "--margin-s", str(config["segments"]["margin_s"])]
+    args = ["--data", BATCHES, "--out", segment_dir(run.name, k),
+            "--work", f"{run_dir(run.name)}/work", "--until-epoch", str(run.until_epoch(k))]
     if k > 1:
         args += ["--resume", segment_dir(run.name, k - 1)]
-    if config["segments"]["budget_s"]:
-        args += ["--budget-s", str(config["segments"]["budget_s"])]
     return " ".join(shlex.quote(a) for a in args)
 
 
@@ -110,9 +110,10 @@ def run_resources(strategy):
         for key in resource_keys(strategy)
     }
     res.update(SLURM_PLACEMENT)
-    cls = get_strategy(strategy)
-    if cls.multi_process:
-        res["mpi"] = lambda wildcards: launcher_of(RUNS[wildcards.run])
+    if any(RUNS[name].strategy_class.launched for name in runs_of(strategy)):
+        res["mpi"] = lambda wildcards: RUNS[wildcards.run].strategy_class.launcher(
+            PYTHON, RUNS[wildcards.run]
+        )
     return res
 
 
@@ -142,17 +143,10 @@ def final_metrics():
     }
 
 
-def launcher_of(run):
-    return get_strategy(run.strategy).launcher(PYTHON, run.spec.get("world_size", 1), run.resources)
-
-
 def launch_prefix(wildcards):
-    """{resources.mpi} for multi-process strategies; mps wraps it in its MPS daemon."""
+    """What the training command starts under: the strategy's launcher and wrappers."""
     run = RUNS[wildcards.run]
-    prefix = launcher_of(run)
-    if run.strategy == "mps":
-        prefix = f"{PY} mps-run --replicas {run.spec['world_size']} -- {prefix}"
-    return prefix
+    return run.strategy_class.command_prefix(PYTHON, run)
 
 
 def segment_number(path):
@@ -165,7 +159,7 @@ def existing_metrics():
     found = {}
     for name in RUNS:
         segments = sorted(
-            Path(f"{RESULTS}/runs/{name}").glob("segment-*/metrics.jsonl"),
+            Path(run_dir(name)).glob("segment-*/metrics.jsonl"),
             key=segment_number,
         )
         if segments:

@@ -17,7 +17,7 @@ rule fetch_dataset:
                 "--url", config["data"]["url"],
                 "--md5", config["data"]["md5"],
                 "--archive", config["data"]["archive"] or "",
-                "--synthetic", json.dumps(config["data"]["synthetic"]),
+                *(f"--{k.replace('_', '-')}={v}" for k, v in config["data"]["synthetic"].items()),
             ]
         ),
     log:

@@ -1,3 +1,19 @@
+# The run's typed config, planned at parse time, handed to every segment as one file.
+rule write_run_spec:
+    output:
+        spec=f"{RESULTS}/runs/{{run}}/spec.json",
+    params:
+        spec=lambda wildcards: RUNS[wildcards.run].spec,
+    wildcard_constraints:
+        run="|".join(RUNS),
+    log:
+        f"{RESULTS}/logs/write_run_spec/{{run}}.log",
+    localrule: True
+    run:
+        RUNS[wildcards.run].config.write(output.spec)
+        Path(log[0]).write_text(f"{output.spec}: config hash {RUNS[wildcards.run].config.shaping_hash()}\n")
+
+
 # One rule per strategy (so profiles can set resources per strategy), each a checkpoint:
 # segment k resumes from segment k-1; after each, the DAG is re-evaluated (final_segment)
 # and a further segment is added only if this one stopped before its target epoch.
@@ -9,6 +25,7 @@ for _strategy in config["strategies"]:
         input:
             data=rules.extract_dataset.output.batches,
             previous=previous_segment,
+            spec=rules.write_run_spec.output.spec,
         output:
             ckpt=directory(f"{RESULTS}/runs/{{run}}/segment-{{segment}}"),
         wildcard_constraints:
@@ -27,5 +44,5 @@ for _strategy in config["strategies"]:
         resources:
             **run_resources(_strategy),
         shell:
-            "({params.prologue}{params.launch} {params.py} train {params.args}"
+            "({params.prologue}{params.launch} {params.py} train --spec {input.spec} {params.args}"
             " --threads {resources.cpus_per_task} --budget-min {resources.runtime}) > {log} 2>&1"

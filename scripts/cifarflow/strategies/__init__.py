@@ -1,16 +1,26 @@
-"""Training strategies, one module each; importing a module registers its class."""
+"""Training strategies, one module each. Every module in this package is discovered and
+imported; its ``Strategy`` subclass registers itself by its ``name``. A new strategy is a
+new file here, nothing else."""
 
 import importlib
+import pkgutil
 
-from .base import STRATEGIES, Strategy, StrategyError, get_strategy
-
-MODULES = ("cpu", "gpu", "ddp", "fsdp", "mps", "lightning")
+from .base import STRATEGIES, Strategy, StrategyError
 
 
-def load_all() -> dict:
-    for module in MODULES:
-        importlib.import_module(f"{__name__}.{module}")
+def registered() -> dict[str, type[Strategy]]:
+    for module in pkgutil.iter_modules(__path__):
+        if module.name != "base":
+            importlib.import_module(f"{__name__}.{module.name}")
     return STRATEGIES
 
 
-__all__ = ["STRATEGIES", "Strategy", "StrategyError", "get_strategy", "load_all"]
+def get_strategy(name: str) -> type[Strategy]:
+    try:
+        return registered()[name]
+    except KeyError:
+        raise ValueError(f"unknown strategy {name!r}; known: "
+                         f"{', '.join(sorted(STRATEGIES))}") from None
+
+
+__all__ = ["STRATEGIES", "Strategy", "StrategyError", "get_strategy", "registered"]

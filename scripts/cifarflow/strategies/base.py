@@ -1,14 +1,21 @@
-"""What every strategy shares, and the registry.
+"""The strategy contract, and the registry.
 
-A strategy says (1) how the workflow launches it and what it asks the scheduler for
-(class attributes and ``job_resources``, no torch needed: the Snakefile reads them), and
-(2) inside the process, how to set up the device and process group, wrap the model and
-checkpoint it. Wrap order, once for all strategies: move to device -> channels_last ->
-``torch.compile`` -> DDP/FSDP wrapping (torchtitan's order; compile sees the plain module).
+A strategy says, in one class:
+
+* **workflow side** (class methods, no torch: the Snakefile calls them) how a run is
+  planned: which config sections it reads (and so which sweep keys apply), its world size
+  and process settings, what it asks the scheduler for, and the command
+  prefix that starts its processes (srun/torchrun, the MPS daemon);
+* **process side**: device and process group, model wrapping, which checkpointer, how
+  values are reduced across ranks, and who drives the loop (the engine's own, by default).
+
+Wrap order, once for all strategies: move to device -> channels_last -> ``torch.compile``
+-> DDP/FSDP wrapping (torchtitan's order; compile sees the plain module).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import ClassVar
 
@@ -19,20 +26,29 @@ class StrategyError(RuntimeError):
     """A set-up problem with one clear fix."""
 
 
-def get_strategy(name: str) -> type["Strategy"]:
-    from . import load_all
+def require_cuda(strategy: str) -> None:
+    import torch
 
-    load_all()
-    try:
-        return STRATEGIES[name]
-    except KeyError:
-        raise ValueError(f"unknown strategy {name!r}; known: {', '.join(sorted(STRATEGIES))}") from None
+    if not torch.cuda.is_available():
+        raise StrategyError(f"strategy '{strategy}' needs a CUDA GPU but none is visible "
+                            "(torch.cuda.is_available() is False): run it on a GPU node "
+                            "(profiles/slurm requests one) or choose cpu/ddp in config")
+
+
+def apply_cuda_switches(cfg) -> None:
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = cfg.tf32_matmul
+    torch.backends.cudnn.allow_tf32 = cfg.tf32_cudnn
+    torch.backends.cudnn.benchmark = not cfg.deterministic
 
 
 class Strategy:
     name: ClassVar[str] = ""
-    multi_process: ClassVar[bool] = False   # launched by {resources.mpi}: srun / torchrun
-    checkpointer_kind: ClassVar[str] = "file"
+    config_sections: ClassVar[tuple] = ()  # sections besides train/resources it reads
+    device_kind: ClassVar[str] = "cpu"     # cpu | cuda: what a single process trains on
+    launched: ClassVar[bool] = False       # several processes, started by {resources.mpi}
+    self_spawning: ClassVar[bool] = False  # starts its own workers outside Slurm
     channels_last_params: ClassVar[bool] = True  # FSDP shards only contiguous parameters
 
     def __init_subclass__(cls, **kw):
@@ -42,38 +58,80 @@ class Strategy:
 
     # ---- workflow side (no torch) ------------------------------------------------------
     @classmethod
-    def job_resources(cls, world_size: int, res: dict) -> dict:
-        """Scheduler request of one training job (Snakemake resource names, as the Slurm
-        executor plugin maps them); res is config['resources'] after the sweep."""
-        return {"cpus_per_task": int(res["cpus_per_task"]), "mem_mb": int(res["mem_mb"])}
-
-    self_spawning: ClassVar[bool] = False   # starts its own workers outside Slurm
+    def world_size(cls, sections: dict) -> int:
+        return 1
 
     @classmethod
-    def launcher(cls, python: str, world_size: int, resources: dict) -> str:
-        """The value of {resources.mpi}: empty for one process (no srun, no torchrun)."""
-        if not cls.multi_process or world_size == 1:
+    def process_settings(cls, sections: dict) -> dict:
+        """nodes, device, backend and lr_scaling of the run's TrainConfig."""
+        return {"nodes": 1, "device": cls.device_kind, "backend": "auto", "lr_scaling": "none"}
+
+    @classmethod
+    def job_resources(cls, cfg, res: dict) -> dict:
+        """Scheduler request of one segment (Snakemake resource names, as the Slurm executor
+        plugin maps them). One rule for all: memory per process x processes per node,
+        tasks per node, GPUs per node."""
+        per_node = cfg.world_size // cfg.nodes
+        out = {"cpus_per_task": int(res["cpus_per_task"]), "mem_mb": int(res["mem_mb"]) * per_node}
+        if cls.launched:
+            out["nodes"] = cfg.nodes
+            # the plugin takes tasks_per_node or tasks, not both; Lightning reads
+            # SLURM_NTASKS_PER_NODE, which only --ntasks-per-node sets
+            out.update({"tasks_per_node": per_node} if per_node > 1 else {"tasks": cfg.world_size})
+        gpus = cls.gpus_per_node(cfg)
+        if gpus:
+            model = f"{res['gpu_model']}:" if res.get("gpu_model") else ""
+            # tasks_per_gpu=0: the plugin must not start the command once per GPU
+            out.update(gres=f"gpu:{model}{gpus}", tasks_per_gpu=0)
+        return out
+
+    @classmethod
+    def gpus_per_node(cls, cfg) -> int:
+        return 1 if cfg.device == "cuda" else 0
+
+    @classmethod
+    def launcher(cls, python: str, run) -> str:
+        """The value of {resources.mpi}: how several processes start (empty for one)."""
+        cfg = run.config
+        if not cls.launched or cfg.world_size == 1:
             return ""
         spawn = " --self-spawning" if cls.self_spawning else ""
-        return (f"{python} -m cifarflow launch --nproc {world_size} --nodes "
-                f"{resources.get('nodes', 1)} --cpus-per-task {resources['cpus_per_task']}"
-                f"{spawn} --")
+        return (f"{python} -m cifarflow launch --nproc {cfg.world_size} --nodes {cfg.nodes} "
+                f"--cpus-per-task {run.resources['cpus_per_task']}{spawn} --")
+
+    @classmethod
+    def command_prefix(cls, python: str, run) -> str:
+        """What the training command is started under (launcher, wrappers)."""
+        return cls.launcher(python, run)
 
     # ---- process side ------------------------------------------------------------------
-    def __init__(self, cfg):
-        self.cfg = cfg
+    def __init__(self, cfg, threads: int = 0):
+        self.cfg, self.requested_threads = cfg, threads
         self.rank, self.local_rank, self.world_size = 0, 0, 1
         self.device = "cpu"
+        self.backend_name = ""
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
 
+    @property
+    def reduce_device(self) -> str:
+        """Where tensors for collectives live: nccl reduces only CUDA tensors."""
+        return self.device if self.backend_name == "nccl" else "cpu"
+
     def threads(self) -> int:
-        """SLURM_CPUS_PER_TASK (set by the scheduler), else the configured/rule's threads."""
+        """SLURM_CPUS_PER_TASK (set by the scheduler), else --threads, else all cores."""
         if os.environ.get("SLURM_CPUS_PER_TASK"):
             return int(os.environ["SLURM_CPUS_PER_TASK"])
-        return self.cfg.threads or os.cpu_count() or 1
+        return self.requested_threads or os.cpu_count() or 1
+
+    def uses_cuda(self) -> bool:
+        import torch
+
+        if self.cfg.device == "auto":
+            return torch.cuda.is_available()
+        return self.cfg.device == "cuda"
 
     def setup(self) -> None:
         import torch
@@ -81,6 +139,19 @@ class Strategy:
         n = self.threads()
         os.environ["OMP_NUM_THREADS"] = str(n)
         torch.set_num_threads(n)
+        if self.uses_cuda():
+            require_cuda(self.name)
+            apply_cuda_switches(self.cfg)
+            self.device = f"cuda:{torch.cuda.current_device()}"
+
+    def train(self, segment) -> dict:
+        """Drive the segment: the engine's own loop unless a framework brings one."""
+        return segment.run()
+
+    def checkpointer(self):
+        from ..checkpoint import FileCheckpointer
+
+        return FileCheckpointer(self)
 
     def wrap(self, model):
         """Model already on self.device; returns what the loop calls."""
@@ -106,13 +177,19 @@ class Strategy:
         optimizer.load_state_dict(state)
 
     def all_reduce(self, tensor, op: str = "sum"):
+        if self.world_size > 1:
+            import torch.distributed as dist
+
+            dist.all_reduce(tensor, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op])
         return tensor
 
     def barrier(self) -> None:
-        pass
+        if self.world_size > 1:
+            import torch.distributed as dist
+
+            dist.barrier()
 
     def autocast(self):
-        import contextlib
         import torch
 
         if self.cfg.amp == "bf16":
@@ -120,7 +197,10 @@ class Strategy:
         return contextlib.nullcontext()
 
     def teardown(self) -> None:
-        pass
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
 
     def describe(self) -> dict:
         return {"strategy": self.name, "world_size": self.world_size, "device": str(self.device),

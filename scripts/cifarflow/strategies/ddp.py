@@ -14,7 +14,7 @@ import socket
 import subprocess
 from dataclasses import dataclass
 
-from .base import Strategy, StrategyError
+from .base import Strategy, StrategyError, apply_cuda_switches, require_cuda
 
 
 @dataclass
@@ -95,33 +95,21 @@ def resolve(addr: str) -> str:
 
 class DDPStrategy(Strategy):
     name = "ddp"
-    multi_process = True
+    config_sections = ("distributed",)
+    launched = True
 
     @classmethod
-    def job_resources(cls, world_size, res):
-        nodes = int(res.get("nodes", 1))
-        if world_size % nodes:
-            raise ValueError(f"world_size {world_size} is not a multiple of nodes {nodes}")
-        per_node = world_size // nodes
-        out = {"nodes": nodes, "cpus_per_task": int(res["cpus_per_task"]),
-               "mem_mb": int(res["mem_mb"]) * per_node}  # --mem is per node
-        # the plugin takes tasks_per_node or tasks, not both; Lightning reads
-        # SLURM_NTASKS_PER_NODE, which only --ntasks-per-node sets
-        if per_node > 1:
-            out["tasks_per_node"] = per_node
-        else:
-            out["tasks"] = world_size
-        if res.get("device") == "cuda":  # one GPU per task, requested per node
-            gpu = f"gpu:{res['gpu_model']}:{per_node}" if res.get("gpu_model") else f"gpu:{per_node}"
-            out.update(gres=gpu, tasks_per_gpu=0)
-        return out
+    def world_size(cls, sections):
+        return int(sections["distributed"]["world_size"])
 
-    def uses_cuda(self) -> bool:
-        import torch
+    @classmethod
+    def process_settings(cls, sections):
+        d = sections["distributed"]
+        return {k: d[k] for k in ("nodes", "device", "backend", "lr_scaling")}
 
-        if self.cfg.device == "auto":
-            return torch.cuda.is_available()
-        return self.cfg.device == "cuda"
+    @classmethod
+    def gpus_per_node(cls, cfg):
+        return cfg.world_size // cfg.nodes if cfg.device == "cuda" else 0  # one per task
 
     def backend(self, cuda: bool) -> str:
         return self.cfg.backend if self.cfg.backend != "auto" else ("nccl" if cuda else "gloo")
@@ -131,9 +119,6 @@ class DDPStrategy(Strategy):
 
         if not self.uses_cuda():
             return "cpu"
-        from .gpu import apply_cuda_switches, require_cuda
-
-        require_cuda(self.name)
         visible = torch.cuda.device_count()
         if env.local_world_size > visible:
             raise StrategyError(f"{env.local_world_size} processes on this node but only {visible} "
@@ -145,14 +130,19 @@ class DDPStrategy(Strategy):
     def setup(self):
         import datetime
 
+        import torch
         import torch.distributed as dist
 
+        if self.uses_cuda():
+            require_cuda(self.name)
         env = require_dist_env(self.cfg.world_size)
         if env.world_size != self.cfg.world_size:
             raise StrategyError(f"{env.launcher} started {env.world_size} processes but the run "
                                 f"expects world_size={self.cfg.world_size}: fix tasks/nproc")
         self.rank, self.local_rank, self.world_size = env.rank, env.local_rank, env.world_size
-        super().setup()
+        n = self.threads()
+        os.environ["OMP_NUM_THREADS"] = str(n)
+        torch.set_num_threads(n)
         self.device = self.pick_device(env)
         backend = self.backend(self.device != "cpu")
         addr = resolve(env.master_addr)
@@ -173,24 +163,6 @@ class DDPStrategy(Strategy):
         ids = [self.local_rank] if str(self.device).startswith("cuda") else None
         return DDP(model, device_ids=ids)
 
-    def all_reduce(self, tensor, op="sum"):
-        import torch.distributed as dist
-
-        dist.all_reduce(tensor, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op])
-        return tensor
-
-    def barrier(self):
-        import torch.distributed as dist
-
-        if dist.is_initialized():
-            dist.barrier()
-
-    def teardown(self):
-        import torch.distributed as dist
-
-        if dist.is_initialized():
-            dist.destroy_process_group()
-
     def describe(self):
-        return {**super().describe(), "backend": getattr(self, "backend_name", ""),
+        return {**super().describe(), "backend": self.backend_name,
                 "lr_scaling": self.cfg.lr_scaling, "effective_lr": self.cfg.effective_lr()}

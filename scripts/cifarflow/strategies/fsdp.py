@@ -6,7 +6,6 @@ from .ddp import DDPStrategy
 
 class FSDPStrategy(DDPStrategy):
     name = "fsdp"
-    checkpointer_kind = "dcp"
     channels_last_params = False  # inputs stay channels_last
 
     def wrap(self, model):
@@ -25,6 +24,11 @@ class FSDPStrategy(DDPStrategy):
             fully_shard(unit, mesh=mesh)
         fully_shard(self.unwrap(model), mesh=mesh)
         return model
+
+    def checkpointer(self):
+        from ..checkpoint import ShardedCheckpointer
+
+        return ShardedCheckpointer(self)
 
     def _options(self, full: bool):
         from torch.distributed.checkpoint.state_dict import StateDictOptions

@@ -1,33 +1,39 @@
 """Several DDP replicas sharing one GPU through NVIDIA MPS (the seed's "un seul GPU").
 
 The job runs under ``cifarflow mps-run``, which starts a private MPS control daemon and
-stops it afterwards. NCCL refuses several ranks on one GPU, so ranks talk over gloo
-(or mpi, as the seed does)."""
+stops it afterwards. NCCL refuses several ranks on one GPU, so ranks talk over gloo."""
 
-from .base import StrategyError
+from .base import Strategy, apply_cuda_switches, require_cuda
 from .ddp import DDPStrategy
 
 
 class MPSStrategy(DDPStrategy):
     name = "mps"
+    config_sections = ("mps",)
 
     @classmethod
-    def job_resources(cls, world_size, res):
-        out = {"nodes": 1, "tasks": world_size, "cpus_per_task": int(res["cpus_per_task"]),
-               "mem_mb": int(res["mem_mb"]), "gpu": 1, "tasks_per_gpu": 0}
-        if res.get("gpu_model"):
-            out["gpu_model"] = res["gpu_model"]
-        return out
+    def world_size(cls, sections):
+        return int(sections["mps"]["replicas"])
+
+    @classmethod
+    def process_settings(cls, sections):
+        return {"nodes": 1, "device": "cuda", "backend": "gloo",
+                "lr_scaling": sections["distributed"]["lr_scaling"]}
+
+    @classmethod
+    def gpus_per_node(cls, cfg):
+        return 1  # every replica on the same GPU
+
+    @classmethod
+    def command_prefix(cls, python, run):
+        return (f"{python} -m cifarflow mps-run --replicas {run.config.world_size} -- "
+                f"{cls.launcher(python, run)}")
 
     def backend(self, cuda):
-        if self.cfg.backend == "nccl":
-            raise StrategyError("mps: nccl cannot run several ranks on one GPU; use gloo or mpi")
-        return "gloo" if self.cfg.backend == "auto" else self.cfg.backend
+        return "gloo"
 
     def pick_device(self, env):
         import torch
-
-        from .gpu import apply_cuda_switches, require_cuda
 
         require_cuda(self.name)
         apply_cuda_switches(self.cfg)
@@ -37,4 +43,4 @@ class MPSStrategy(DDPStrategy):
     def wrap(self, model):
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        return DDP(super(DDPStrategy, self).wrap(model), device_ids=[0])
+        return DDP(Strategy.wrap(self, model), device_ids=[0])
