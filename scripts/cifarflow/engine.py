@@ -170,10 +170,11 @@ class StopController:
 class Progress:
     epoch: int = 0            # 0-based epoch in progress
     step: int = 0             # batches done in that epoch
-    loss_sum: float = 0.0     # partial-epoch accumulators (this rank)
+    loss_sum: float = 0.0     # partial-epoch accumulators of this rank
     correct: int = 0
     seen: int = 0
     train_s: float = 0.0      # wall time of this epoch's training so far
+    ranks: list = field(default_factory=list)   # [loss_sum, correct, seen, train_s] of every rank
     history: list = field(default_factory=list)
     events: list = field(default_factory=list)  # logged fallbacks, carried to summary.csv
 
@@ -232,7 +233,13 @@ class Segment:
 
     # ---- checkpoints
     def state(self) -> dict:
+        """Called by every rank at an agreed save: the partial sums of all ranks are
+        gathered (exactly: each row is one rank's, the others add zeros)."""
         p = self.progress
+        rows = torch.zeros(self.s.world_size, 4, dtype=torch.float64, device=self.s.reduce_device)
+        rows[self.s.rank] = torch.tensor([p.loss_sum, p.correct, p.seen, p.train_s],
+                                         dtype=torch.float64)
+        p.ranks = self.s.all_reduce(rows).tolist()
         return {"model": self.s.model_state(self.model),
                 "optimizer": self.s.optimizer_state(self.model, self.optimizer),
                 "trainer": {"scheduler": self.scheduler.state_dict(), "rng": rng_state(),
@@ -317,7 +324,9 @@ class Segment:
             trainer = state["trainer"]
             self.scheduler.load_state_dict(trainer["scheduler"])
             set_rng_state(trainer["rng"])
-            self.progress = Progress(**trainer["progress"])
+            self.progress = p = Progress(**trainer["progress"])
+            loss_sum, correct, p.seen, p.train_s = p.ranks[self.s.rank]  # this rank's share
+            p.loss_sum, p.correct, p.seen = loss_sum, int(correct), int(p.seen)
             self.log(f"resumed from {choice} at epoch {self.progress.epoch + 1}, "
                      f"batch {self.progress.step}")
         self.progress.events += notes
@@ -437,8 +446,10 @@ class Segment:
     def finish(self, reason: str | None) -> dict:
         p = self.progress
         if reason:
-            print(f"[rank {self.s.rank}] stopping at epoch {p.epoch + 1} batch {p.step}: "
-                  f"{reason}", flush=True)
+            # every rank says where it stopped, in one write so lines do not interleave
+            sys.stdout.write(f"[rank {self.s.rank}] stopping at epoch {p.epoch + 1} "
+                             f"batch {p.step}: {reason}\n")
+            sys.stdout.flush()
             if self.work_dir and reason.startswith("signal"):
                 # Slurm may still mark the job failed (TIMEOUT) and Snakemake then drops
                 # its outputs: the in-segment copy is what the rerun resumes from
