@@ -3,7 +3,10 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-fast dry-run bench slurm-up slurm-down clean
+DEB_PACKAGES := slurmctld slurmd slurm-client munge chromium
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: run test test-fast debian-packages dry-run bench slurm-up slurm-down clean
 
 $(STAMP): requirements.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -18,7 +21,15 @@ run: $(STAMP)  ## train the offline demo (synthetic data, cpu) and summarise it
 dry-run: $(STAMP)
 	$(VENV)/bin/snakemake -n
 
-test: $(STAMP)  ## the whole suite (starts a one-node Slurm cluster for the slurm tests)
+debian-packages:  ## what the tests run for real: Slurm, munge, headless Chromium
+	@missing=$$(for p in $(DEB_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	    echo "installing Debian packages:" $$missing; \
+	    $(SUDO) apt-get update -q && \
+	    DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q $$missing >/dev/null; \
+	fi
+
+test: $(STAMP) debian-packages  ## the whole suite (starts a one-node Slurm cluster for the slurm tests)
 	bash tests/slurm/cluster.sh start
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest -v tests
 
@@ -28,7 +39,7 @@ test-fast: $(STAMP)  ## without the real-Slurm tests
 bench: $(STAMP)
 	$(PY) bench/bench.py
 
-slurm-up:
+slurm-up: debian-packages
 	bash tests/slurm/cluster.sh start
 
 slurm-down:

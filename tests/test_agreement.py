@@ -6,6 +6,7 @@ import os
 import re
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -121,3 +122,27 @@ def test_sigusr2_to_one_rank_stops_both_at_the_same_batch(cifar_dir, reference, 
     run2(cifar_dir, tmp_path / "s2", strategy, resume=tmp_path / "s1")
     assert_bit_identical(weights(whole), weights(tmp_path / "s2"))
     assert same_metrics(metrics_of(whole), metrics_of(tmp_path / "s2"))
+
+
+def test_killed_lightning_segment_resumes_from_its_in_segment_checkpoint(cifar_dir, tmp_path):
+    whole = tmp_path / "whole"
+    run2(cifar_dir, whole, "lightning")
+    cmd = [PY, "-m", "cifarflow", "launch", "--nproc", "2", "--self-spawning", "--", PY, "-m",
+           "cifarflow", "train", "--spec", str(spec(strategy="lightning", **SPEC,
+                                                    checkpoint_interval_s=1e-6)),
+           "--data", str(cifar_dir), "--out", str(tmp_path / "s1"), "--work",
+           str(tmp_path / "work"), "--threads", "1"]
+    proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    manifest = tmp_path / "work" / "checkpoint.json"
+    while not manifest.exists() and proc.poll() is None:
+        time.sleep(0.01)
+    os.killpg(proc.pid, signal.SIGKILL)  # the node dies: both ranks at once
+    proc.wait()
+    assert not (tmp_path / "s1").exists(), "the segment finished before it could be killed"
+    saved = ckpt.read_manifest(tmp_path / "work")
+    out = run2(cifar_dir, tmp_path / "s1", "lightning", work=tmp_path / "work")
+    assert f"resumed from {tmp_path / 'work'} at epoch" in out.stdout
+    assert (saved["epoch"], saved["step"]) > (0, 0)
+    assert_bit_identical(weights(whole), weights(tmp_path / "s1"))
+    assert same_metrics(metrics_of(whole), metrics_of(tmp_path / "s1"))

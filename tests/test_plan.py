@@ -6,9 +6,10 @@ import pytest
 import yaml
 
 from conftest import ROOT
+from cifarflow.config import with_defaults
 from cifarflow.plan import build_runs, segment_targets
 
-BASE = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+BASE = with_defaults(yaml.safe_load((ROOT / "config" / "config.yaml").read_text()))
 
 
 def runs_for(**over):
@@ -39,17 +40,50 @@ def test_cpus_sweep_changes_the_request_not_only_threads():
     assert runs["cpu_cpus1"].resources["cpus_per_task"] == 1
 
 
-def test_gpu_requests_avoid_the_once_per_gpu_trap():
-    runs = runs_for(strategies=["gpu", "mps", "ddp"], distributed={"device": "cuda", "world_size": 4,
-                                                                   "nodes": 2},
+def test_requests_follow_one_rule_for_every_strategy():
+    """memory per process x processes per node, tasks per node, GPUs per node."""
+    runs = runs_for(strategies=["gpu", "mps", "ddp", "lightning"],
+                    distributed={"device": "cuda", "world_size": 4, "nodes": 2},
                     resources={"gpu_model": "h100"})
-    assert {k: runs["gpu"].resources[k] for k in ("gpu", "tasks_per_gpu", "gpu_model")} == \
-        {"gpu": 1, "tasks_per_gpu": 0, "gpu_model": "h100"}
-    mps = runs["mps"].resources
-    assert mps["gpu"] == 1 and mps["tasks_per_gpu"] == 0 and mps["tasks"] == 4
-    ddp = runs["ddp"].resources
-    assert ddp["gres"] == "gpu:h100:2" and ddp["nodes"] == 2 and ddp["tasks_per_node"] == 2
-    assert ddp["mem_mb"] == 2 * BASE["resources"]["mem_mb"]  # --mem is per node
+    mem = BASE["resources"]["mem_mb"]
+    gpu = runs["gpu"].resources
+    assert (gpu["gres"], gpu["tasks_per_gpu"], gpu["mem_mb"]) == ("gpu:h100:1", 0, mem)
+    assert "tasks" not in gpu and "nodes" not in gpu
+    mps = runs["mps"].resources  # 4 replicas on one GPU of one node
+    assert (mps["gres"], mps["tasks_per_node"], mps["nodes"], mps["mem_mb"]) == \
+        ("gpu:h100:1", 4, 1, 4 * mem)
+    for name in ("ddp", "lightning"):
+        ddp = runs[name].resources
+        assert (ddp["gres"], ddp["nodes"], ddp["tasks_per_node"], ddp["mem_mb"]) == \
+            ("gpu:h100:2", 2, 2, 2 * mem)
+        assert ddp["tasks_per_gpu"] == 0
+
+
+def test_plan_yields_typed_configs_with_schema_defaults():
+    runs = runs_for(strategies=["cpu", "ddp", "mps"])
+    assert runs["cpu"].config.world_size == 1 and runs["cpu"].config.device == "cpu"
+    assert runs["ddp"].config.world_size == BASE["distributed"]["world_size"]
+    assert runs["mps"].config.world_size == BASE["mps"]["replicas"]
+    assert runs["mps"].config.backend == "gloo" and runs["mps"].config.device == "cuda"
+    assert runs["cpu"].config.checkpoint_interval_s == \
+        yaml.safe_load((ROOT / "workflow/schemas/config.schema.yaml").read_text())[
+            "properties"]["train"]["properties"]["checkpoint_interval_s"]["default"]
+
+
+def test_data_identity_covers_synthetic_parameters():
+    a = runs_for()["cpu"].config
+    b = runs_for(data={"synthetic": {**BASE["data"]["synthetic"], "noise": 0.5}})["cpu"].config
+    assert a.data_id != b.data_id and a.shaping_hash() != b.shaping_hash()
+
+
+def test_unknown_strategy_names_the_registry():
+    with pytest.raises(ValueError, match="unknown strategy 'tpu'; known: cpu, ddp, fsdp"):
+        runs_for(strategies=["cpu", "tpu"])
+
+
+def test_nccl_on_cpu_is_refused_at_plan_time():
+    with pytest.raises(ValueError, match="backend nccl needs device cuda"):
+        runs_for(strategies=["ddp"], distributed={"backend": "nccl", "device": "cpu"})
 
 
 def test_one_task_per_node_uses_tasks_not_tasks_per_node():
@@ -59,7 +93,7 @@ def test_one_task_per_node_uses_tasks_not_tasks_per_node():
 
 def test_torchvision_loader_gets_one_worker_per_core():
     run = runs_for(train={"loader": "torchvision"}, resources={"cpus_per_task": 3})["cpu"]
-    assert run.spec["num_workers"] == 3
+    assert run.config.num_workers == 3
 
 
 def test_world_size_not_a_multiple_of_nodes_is_refused():

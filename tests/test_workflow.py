@@ -39,7 +39,8 @@ def test_dry_run_lists_the_chain(tmp_path):
     out = snakemake(tmp_path, "-n", configfile=CONFIGS / "local" / "config.yaml")
     counts = job_counts(out.stdout)
     assert counts == {"fetch_dataset": 1, "extract_dataset": 1, "record_environment": 1,
-                      "train_cpu": 2, "aggregate_results": 1, "all": 1, "total": 7}
+                      "write_run_spec": 1, "train_cpu": 2, "aggregate_results": 1, "all": 1,
+                      "total": 8}
     assert "results/runs/cpu/segment-1" in out.stdout and "results/runs/cpu/segment-2" in out.stdout
 
 
@@ -50,7 +51,8 @@ def test_plan_of_six_strategies_four_values_ten_segments(tmp_path):
     counts = job_counts(out.stdout)
     for strategy in ("cpu", "gpu", "ddp", "mps", "lightning", "fsdp"):
         assert counts[f"train_{strategy}"] == 4 * 10
-    assert counts["total"] == 6 * 4 * 10 + 5
+    assert counts["write_run_spec"] == 6 * 4
+    assert counts["total"] == 6 * 4 * 10 + 6 * 4 + 5
     print(f"\nplanning 245 jobs took {elapsed:.2f} s (target < 3 s, snakemake start-up included)")
     assert elapsed < 30  # a regression guard; the figure above is the measurement
 
@@ -96,10 +98,12 @@ def test_rerun_is_a_no_op(local_run):
 
 
 @pytest.mark.parametrize("override, message", [
-    (["strategies=[cpu,tpu]"], "tpu"),
-    (["train={'batch_size': -4}"], "-4"),
-    (["train={'epochs': 'many'}"], "many"),
-    (["sweep={'colour': [1, 2]}"], "colour"),
+    (["strategies=[cpu,tpu]"], "unknown strategy 'tpu'; known: cpu, ddp, fsdp, gpu, lightning, mps"),
+    (["train={'batch_size': -4}"], "Error validating config file"),
+    (["train={'epochs': 'many'}"], "Error validating config file"),
+    (["sweep={'colour': [1, 2]}"], "Error validating config file"),
+    (["distributed={'backend': 'nccl', 'device': 'cpu'}", "strategies=[ddp]"],
+     "backend nccl needs device cuda"),
 ])
 def test_invalid_config_fails_before_anything_runs(tmp_path, override, message):
     t0 = time.perf_counter()
@@ -107,9 +111,37 @@ def test_invalid_config_fails_before_anything_runs(tmp_path, override, message):
                     check=False)
     assert out.returncode != 0
     text = out.stdout + out.stderr
-    assert "Error validating config file" in text and message in text
+    assert message in text
     assert not (tmp_path / "results").exists()
     assert time.perf_counter() - t0 < 30
+
+
+def test_a_new_strategy_is_one_new_file(tmp_path, local_run):
+    """A copy of the project with one module added to strategies/ (the cpu strategy under
+    another name) plans, trains and summarises it, with nothing else edited."""
+    import shutil
+
+    project = tmp_path / "project"
+    for part in ("workflow", "scripts", "config"):
+        shutil.copytree(ROOT / part, project / part, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "Snakefile", project / "Snakefile")
+    (project / "scripts/cifarflow/strategies/cpu_copy.py").write_text(
+        (ROOT / "scripts/cifarflow/strategies/cpu.py").read_text()
+        .replace('name = "cpu"', 'name = "cpu_copy"').replace("CPUStrategy", "CPUCopyStrategy"))
+    work = tmp_path / "work"
+    cmd = [str(Path(PY).parent / "snakemake"), "-s", str(project / "Snakefile"), "--directory",
+           str(work), "--configfile", str(CONFIGS / "local" / "config.yaml"), "--config",
+           "strategies=[cpu_copy]"]
+    plan = subprocess.run([*cmd, "-n"], env=ENV, capture_output=True, text=True)
+    assert plan.returncode == 0, plan.stderr[-3000:]
+    assert job_counts(plan.stdout)["train_cpu_copy"] == 2
+    run = subprocess.run([*cmd, "--cores", "2"], env=ENV, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    rows = read_summary(work / "results/summary.csv")
+    assert [(r["run"], r["strategy"], r["status"]) for r in rows] == [("cpu_copy", "cpu_copy", "ok")]
+    # same training as the cpu strategy: the same weights, bit for bit
+    assert_bit_identical(state_of(local_run / "results/runs/cpu/segment-2")["model"],
+                         state_of(work / "results/runs/cpu_copy/segment-2")["model"])
 
 
 @pytest.fixture(scope="module")
