@@ -17,14 +17,20 @@ Data: one synthetic CIFAR-format dataset (``data.write_synthetic_archive`` +
 2. DDP scaling on CPU: strategy ddp, world 1 (one process, 2 threads) vs world 2
    (torchrun, 2 ranks x 1 thread): the box has 2 cores, so both use all of them. Batch
    512 is per rank. Throughput as in 1; speedup = w2 / w1, efficiency = speedup / 2.
-3. Checkpoint cost, in process: a ``Trainer`` (cpu strategy, momentum 0.9 so the
+3. Checkpoint cost, in process: a ``Segment`` (cpu strategy, momentum 0.9 so the
    optimizer holds a buffer per parameter) runs one warm-up step and a few timed steps,
-   then ``Trainer.save`` / ``Trainer.load`` are timed (median of 3). Shares: (save+load)
+   then ``Segment.save`` / ``Segment.resume`` (verify + load) are timed (median of 3). Shares: (save+load)
    of a 30-minute segment; with the workflow's saves, i.e. a save every
    checkpoint_interval_s (300 s) of the 0.8*1800 s training window plus the final one,
    and one load; and (save+load) of one 50,000-image epoch extrapolated as
    fastest timed step x ceil(50000 / batch) (noise would lengthen the epoch and so
    understate the share).
+
+4. Fixed cost of a segment: a tiny segment (1 epoch of 5 batches) through the cli; the
+   time from spawning the process to its first progress line (after batch 1), and from
+   the last progress line to the process's exit (evaluation, checkpoint, teardown).
+5. Cost of the agreed stop/save decision: ``StopController.decide`` (one all-reduce of two
+   integers) timed 2000 times on 2 gloo ranks, against a ddp step of part 2.
 
 Each subprocess measurement runs ``--reps`` times (default 2), interleaved, and the best
 is kept: this 2-core box is shared and noise only ever slows a run down. With 2 OpenMP
@@ -124,14 +130,28 @@ def seed_run(batches: Path) -> dict:
     return {**json.loads(line.split(" ", 1)[1]), "foreign_cores": busy}
 
 
-def ours_run(name: str, spec: dict, batches: Path, threads: int, nproc: int = 1) -> dict:
+def spec_file(name: str, strategy: str, **settings) -> Path:
+    """A spec.json planned as the workflow plans it (schema defaults, plan.py)."""
+    from cifarflow.config import with_defaults
+    from cifarflow.plan import build_runs
+
+    sections = {"train": {}, "distributed": {}}
+    for key, value in settings.items():
+        sections["distributed" if key in ("world_size", "device") else "train"][key] = value
+    cfg = build_runs(with_defaults({"strategies": [strategy], **sections}))[strategy].config
+    path = OUT / "specs" / f"{name}.json"
+    cfg.write(path)
+    return path
+
+
+def ours_run(name: str, settings: dict, batches: Path, threads: int, nproc: int = 1) -> dict:
     """Train through the cli; images/s of epoch 1 and mean of epochs 2.. (warm)."""
     out = OUT / "runs" / name
     shutil.rmtree(out, ignore_errors=True)
-    spec = {"run": "bench", "model": "lenet", "batch_size": 512, "epochs": 3, "lr": 0.1,
-            "momentum": 0.0, **spec}
-    cmd = ["-m", "cifarflow", "train", "--spec", json.dumps(spec), "--data", str(batches),
-           "--out", str(out), "--threads", str(threads)]
+    settings = {"model": "lenet", "batch_size": 512, "epochs": 3, "lr": 0.1, "momentum": 0.0,
+                "log_interval_s": 1000, **settings}
+    cmd = ["-m", "cifarflow", "train", "--spec", str(spec_file(name, **settings)),
+           "--data", str(batches), "--out", str(out), "--threads", str(threads)]
     if nproc > 1:
         cmd = [PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
                str(nproc), "--no-python", PY] + cmd
@@ -142,7 +162,7 @@ def ours_run(name: str, spec: dict, batches: Path, threads: int, nproc: int = 1)
     return {"epoch1": recs[0]["images_per_sec"],
             "images_per_sec": statistics.mean(r["images_per_sec"] for r in recs[1:]),
             "foreign_cores": busy,
-            "describe": next(l for l in stdout.splitlines() if l.startswith("[bench]"))}
+            "describe": next(l for l in stdout.splitlines() if l.startswith(f"[{name}]"))}
 
 
 def best(runs: list[dict]) -> dict:
@@ -164,7 +184,7 @@ def measure(cases: dict, reps: int, max_reps: int, deadline: float) -> dict:
 
 def part_seed_vs_ours(batches: Path, reps: int, max_reps: int, deadline: float) -> dict:
     cases = {"seed": lambda: seed_run(batches),
-             "ours_tensor": lambda: ours_run("cpu_tensor", {"strategy": "cpu"}, batches, 2),
+             "ours_tensor": lambda: ours_run("cpu", {"strategy": "cpu"}, batches, 2),
              "ours_torchvision": lambda: ours_run(
                  "cpu_tv", {"strategy": "cpu", "loader": "torchvision"}, batches, 2)}
     res = measure(cases, reps, max_reps, deadline)
@@ -185,31 +205,36 @@ def part_ddp(batches: Path, reps: int, max_reps: int, deadline: float) -> dict:
 
 
 def checkpoint_cost(model: str, batch_size: int, steps: int, batches: Path) -> dict:
-    from cifarflow.config import TrainConfig
-    from cifarflow.engine import Trainer
+    from cifarflow.engine import Segment
     from cifarflow.strategies import get_strategy
 
     work = OUT / "ckpt" / model
     shutil.rmtree(work, ignore_errors=True)
-    cfg = TrainConfig(run=f"ckpt-{model}", strategy="cpu", model=model,
-                      batch_size=batch_size, epochs=1, threads=2)
-    s = get_strategy("cpu")(cfg)
+    cfg = spec_file(f"ckpt-{model}", "cpu", model=model, batch_size=batch_size, epochs=1)
+    from cifarflow.config import TrainConfig
+
+    cfg = TrainConfig.read(cfg)
+    s = get_strategy("cpu")(cfg, threads=2)
     s.setup()
-    trainer = Trainer(cfg, s, batches, work / "out", work_dir=work / "work")
-    trainer.build()
-    it = iter(trainer.batches.epoch(0))
-    trainer.train_step(*next(it))  # warm-up
+    seg = Segment(cfg, s, batches, work / "out")
+    seg.load_data()
+    loader = seg.make_batches()
+    net = s.wrap(seg.make_model())
+    seg.attach(net, *seg.make_optimizer(net.parameters(), len(loader)), loader)
+    it = iter(loader.epoch(0))
+    seg.train_step(*next(it))  # warm-up
     times, target, saves, loads = [], work / "seg", [], []
+    seg.resume_dir = target
     wait_quiet(MAX_WAIT_S)
     with Contention() as c:
         for _ in range(steps):  # timed like the engine: batch assembly + step
             t0 = time.perf_counter()
-            trainer.train_step(*next(it))
+            seg.train_step(*next(it))
             times.append(time.perf_counter() - t0)
         for _ in range(3):
-            saves.append(trainer.save(target))
+            saves.append(seg.save(target))
             t0 = time.perf_counter()
-            trainer.load(target)
+            seg.resume()  # verify (sha256) + load, as a segment does
             loads.append(time.perf_counter() - t0)
     step_s = min(times)  # fastest: contention can only shorten the extrapolated epoch
     save_s, load_s = statistics.median(saves), statistics.median(loads)
@@ -223,6 +248,45 @@ def checkpoint_cost(model: str, batch_size: int, steps: int, batches: Path) -> d
             "share_segment": (save_s + load_s) / SEGMENT_S,
             "share_segment_workflow": (n_saves * save_s + load_s) / SEGMENT_S,
             "share_epoch50k": (save_s + load_s) / epoch_s}
+
+
+def segment_overhead(batches: Path, reps: int) -> dict:
+    """Fixed cost of one segment: process start to first batch, last batch to exit (a
+    tiny segment: 1 epoch of 5 batches, so the middle is short); `import torch` alone."""
+    spec = spec_file("tiny", "cpu", epochs=1, batch_size=100, log_interval_s=0)
+    runs = []
+    for rep in range(reps):
+        out = OUT / "runs" / "tiny"
+        shutil.rmtree(out, ignore_errors=True)
+        wait_quiet(MAX_WAIT_S)
+        with Contention() as c:
+            t0 = time.perf_counter()
+            proc = subprocess.Popen([PY, "-m", "cifarflow", "train", "--spec", str(spec),
+                                     "--data", str(batches), "--out", str(out), "--threads", "2"],
+                                    cwd=ROOT, env=env(2), stdout=subprocess.PIPE, text=True)
+            first = last = None
+            for line in proc.stdout:
+                if " batch " in line:
+                    last = time.perf_counter()
+                    first = first or last
+            proc.wait()
+            t_exit = time.perf_counter()
+        runs.append({"start_to_first_batch_s": first - t0, "last_batch_to_exit_s": t_exit - last,
+                     "wall_s": t_exit - t0, "foreign_cores": c.cores})
+        t0 = time.perf_counter()
+        subprocess.run([PY, "-c", "import torch"], env=env(2), check=True)
+        runs[-1]["import_torch_s"] = time.perf_counter() - t0
+    return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+
+
+def decision_cost(step_s: float) -> dict:
+    """The agreed stop/save decision (one all-reduce per batch), 2 gloo ranks."""
+    out, busy = run([PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                     "bench/decision_cost.py", "2000"], env(1))
+    res = json.loads(next(l for l in out.splitlines() if l.startswith("BENCH_RESULT "))
+                     .split(" ", 1)[1])
+    return {**res, "ddp_step_s": step_s, "share_of_step": res["median_s"] / step_s,
+            "foreign_cores": busy}
 
 
 def report(res: dict) -> None:
@@ -262,6 +326,15 @@ def report(res: dict) -> None:
               f"{c['share_segment_workflow']:>10.4%}{c['share_epoch50k']:>10.3%}"
               f"{c['foreign_cores']:>7.2f}  "
               f"{ok(max(c['share_segment_workflow'], c['share_epoch50k']) < 0.02)}")
+    o, dc = res["segment_overhead"], res["decision"]
+    print("\n=== 4. fixed cost of one segment (cpu, lenet, median) ===")
+    print(f"process start -> first batch {o['start_to_first_batch_s']:.2f} s, last batch -> "
+          f"exit {o['last_batch_to_exit_s']:.2f} s, tiny segment wall {o['wall_s']:.2f} s; "
+          f"`import torch` alone {o['import_torch_s']:.2f} s")
+    print("\n=== 5. agreed stop/save decision, 2 gloo ranks ===")
+    print(f"one decision (all-reduce of 2 ints): median {dc['median_s'] * 1e6:.0f} us, "
+          f"p90 {dc['p90_s'] * 1e6:.0f} us = {dc['share_of_step']:.3%} of a ddp step "
+          f"({dc['ddp_step_s'] * 1e3:.1f} ms, batch 512 per rank)")
     c0 = res["checkpoint"][0]
     print(f"of 30 min = (save+load)/1800 s; workflow = ({c0['saves_per_segment']} saves + "
           "1 load)/1800 s (a save every 300 s of the 1440 s training window, plus the "
@@ -287,6 +360,9 @@ def main() -> None:
     res["ddp"] = part_ddp(batches, reps, max_reps, t0 + (130 if a.quick else 380))
     res["checkpoint"] = [checkpoint_cost("lenet", 512, 5 if a.quick else 10, batches),
                          checkpoint_cost("resnet18", 64, 2 if a.quick else 5, batches)]
+    res["segment_overhead"] = segment_overhead(make_data(500), 3)
+    w2 = res["ddp"]["world2"]["images_per_sec"]
+    res["decision"] = decision_cost(2 * 512 / w2)  # a step: 512 images on each of 2 ranks
     res["wall_s"] = time.time() - t0
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "bench.json").write_text(json.dumps(res, indent=2))

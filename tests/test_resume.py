@@ -53,7 +53,7 @@ def test_damaged_work_dir_is_a_logged_fallback_shown_in_the_summary(cifar_dir, c
     events = ckpt.read_manifest(tmp_path / "segment-2")["events"]
     assert len(events) == 1 and "state.pt fails its sha256 check" in events[0]
     assert_bit_identical(state_of(chain / "whole")["model"], state_of(tmp_path / "segment-2")["model"])
-    row = summarize_run("cpu", {"strategy": "cpu", "spec": {"model": "lenet", "batch_size": 100,
+    row = summarize_run("cpu", {"strategy": "cpu", "spec": {"model": "lenet", "batch_size": 100, "device": "cpu",
                                                             "epochs": 3}, "resources": {},
                                 "metrics": str(tmp_path / "segment-2" / "metrics.jsonl")})
     assert "fell back to" in row["fallbacks"] and row["status"] == "ok"

@@ -3,7 +3,9 @@ tests/slurm/cluster.sh): every segment and the environment record are sbatch job
 ddp ranks are started by srun, fetch/extract/aggregate stay on the login node."""
 
 import json
+import os
 import re
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -105,9 +107,10 @@ def train_job_id(comment: str) -> str | None:
 
 
 def test_job_killed_for_its_time_limit_resumes_on_rerun(tmp_path):
-    """Slurm, not the segment's own timer, ends the job: its limit is cut to 30 s while
-    it runs (the segment planned for the rule's 10 min). The rerun resumes from the
-    last in-segment checkpoint."""
+    """Slurm, not the segment's own timer, ends the job: once an in-segment checkpoint
+    exists the training process is frozen (SIGSTOP), so the job outlives the limit it then
+    gets (30 s, cut from the rule's 10 min) however fast this machine trains. The rerun
+    resumes from the last in-segment checkpoint."""
     long_run = tmp_path / "long.yaml"
     long_run.write_text("strategies: [cpu]\nsegments: {count: 1}\n"
                         "train: {epochs: 60, batch_size: 10, lr: 0.01, checkpoint_interval_s: 2}\n")
@@ -123,6 +126,11 @@ def test_job_killed_for_its_time_limit_resumes_on_rerun(tmp_path):
         jobid = jobid or train_job_id("rule_train_cpu_wildcards_cpu_1")
         time.sleep(1)
     assert jobid and work.exists(), "training job did not start"
+    training = subprocess.run(["pgrep", "-f", "cifarflow train --spec results/runs/cpu/"],
+                              capture_output=True, text=True).stdout.split()
+    assert training, "no training process found"
+    for pid in training:  # Slurm's SIGCONT/SIGTERM/SIGKILL at the limit still reach it
+        os.kill(int(pid), signal.SIGSTOP)
     subprocess.run(["scontrol", "update", f"JobId={jobid}", "TimeLimit=0:30"], check=True)
     output = proc.communicate(timeout=400)[0]
     assert proc.returncode != 0

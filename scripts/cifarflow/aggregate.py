@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-COLUMNS = ["run", "strategy", "model", "batch_size", "world_size", "cpus_per_task", "epochs",
+COLUMNS = ["run", "strategy", "device", "model", "batch_size", "world_size", "cpus_per_task",
+           "epochs",
            "images_per_sec", "images_per_sec_per_core", "train_loss", "test_acc", "wall_s",
            "epoch_s", "peak_mem_mb", "gpu_util_pct", "segments", "slurm_job_ids", "status",
            "fallbacks"]
@@ -18,7 +19,7 @@ def load_history(path: Path) -> list[dict]:
 
 def summarize_run(name: str, run: dict) -> dict:
     spec, res = run["spec"], run["resources"]
-    row = {"run": name, "strategy": run["strategy"], "model": spec["model"],
+    row = {"run": name, "strategy": run["strategy"], "device": spec["device"], "model": spec["model"],
            "batch_size": spec["batch_size"], "world_size": spec.get("world_size", 1),
            "cpus_per_task": res.get("cpus_per_task"), "epochs": spec["epochs"],
            **{f"sweep_{k}": v for k, v in run.get("swept", {}).items()}}
@@ -67,8 +68,8 @@ def advice(df) -> list[str]:
                 tips.append(f"{cur.run}: {prev.cpus_per_task} -> {cur.cpus_per_task} cpus gives "
                             f"only x{gain:.2f}: adding cores stops paying there")
                 break
-    cpu = ok[ok.strategy == "cpu"]
-    for row in ok[ok.strategy.isin(["gpu", "mps"])].itertuples():
+    cpu = ok[ok.device == "cpu"]
+    for row in ok[ok.device == "cuda"].itertuples():
         if not cpu.empty and row.images_per_sec < cpu.images_per_sec.max():
             tips.append(f"{row.run} is slower than the best CPU run: this model does not need a GPU")
         if row.gpu_util_pct is not None and row.gpu_util_pct < 50:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -138,6 +139,12 @@ def main(argv=None) -> None:
     except (DatasetError, CheckpointError, StrategyError, ValueError) as exc:
         print(f"cifarflow {args.command}: error: {exc}", file=sys.stderr, flush=True)
         sys.exit(2)
+    if args.command == "train":
+        # Everything is written, fsync'ed and published, the process group is gone: skip
+        # the interpreter's teardown of torch's module graph (1.3 s of every segment).
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 if __name__ == "__main__":
