@@ -146,3 +146,12 @@ def test_killed_lightning_segment_resumes_from_its_in_segment_checkpoint(cifar_d
     assert (saved["epoch"], saved["step"]) > (0, 0)
     assert_bit_identical(weights(whole), weights(tmp_path / "s1"))
     assert same_metrics(metrics_of(whole), metrics_of(tmp_path / "s1"))
+
+
+def test_a_checkpoint_past_the_target_is_published_not_retrained(cifar_dir, reference, tmp_path):
+    strategy, whole = reference  # finished: epoch 2; this segment's target is epoch 1
+    out = run2(cifar_dir, tmp_path / "s", strategy, resume=whole, until_epoch=1)
+    assert "past this segment's target epoch 1" in out.stdout
+    m = ckpt.read_manifest(tmp_path / "s")
+    assert (m["epoch"], m["step"]) == (2, 0) and m["done"]
+    assert_bit_identical(weights(whole), weights(tmp_path / "s"))

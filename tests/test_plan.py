@@ -81,9 +81,21 @@ def test_unknown_strategy_names_the_registry():
         runs_for(strategies=["cpu", "tpu"])
 
 
-def test_nccl_on_cpu_is_refused_at_plan_time():
-    with pytest.raises(ValueError, match="backend nccl needs device cuda"):
-        runs_for(strategies=["ddp"], distributed={"backend": "nccl", "device": "cpu"})
+@pytest.mark.parametrize("over, message", [
+    ({"strategies": ["ddp"], "distributed": {"backend": "nccl", "device": "cpu"}},
+     "backend nccl needs device cuda"),
+    ({"train": {"num_workers": 4}}, "num_workers 4 applies to loader: torchvision only"),
+    ({"train": {"tf32_matmul": True}}, "tf32_matmul applies to CUDA matmuls only"),
+])
+def test_settings_a_run_cannot_honour_are_refused_at_plan_time(over, message):
+    with pytest.raises(ValueError, match=message):
+        runs_for(**over)
+
+
+def test_the_same_settings_are_accepted_where_they_apply():
+    runs_for(strategies=["ddp"], distributed={"backend": "nccl", "device": "cuda"})
+    runs_for(train={"num_workers": 4, "loader": "torchvision"})
+    assert runs_for(strategies=["gpu"], train={"tf32_matmul": True})["gpu"].config.tf32_matmul
 
 
 def test_one_task_per_node_uses_tasks_not_tasks_per_node():

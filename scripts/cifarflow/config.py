@@ -103,8 +103,14 @@ class TrainConfig:
         need(self.world_size % self.nodes == 0,
              f"world_size {self.world_size} is not a multiple of nodes {self.nodes}")
         need(self.checkpoint_interval_s > 0, "checkpoint_interval_s must be > 0")
+        # settings that would otherwise be silently ignored
         need(not (self.backend == "nccl" and self.device == "cpu"),
              "backend nccl needs device cuda (nccl has no CPU tensors); use gloo on CPU")
+        need(self.num_workers == 0 or self.loader == "torchvision",
+             f"num_workers {self.num_workers} applies to loader: torchvision only (the tensor "
+             "loader has no workers); set num_workers: 0 or loader: torchvision")
+        need(not (self.tf32_matmul and self.device == "cpu"),
+             "tf32_matmul applies to CUDA matmuls only and this run trains on cpu")
 
     @classmethod
     def from_dict(cls, d: dict) -> "TrainConfig":

@@ -133,12 +133,17 @@ class Strategy:
             return torch.cuda.is_available()
         return self.cfg.device == "cuda"
 
-    def setup(self) -> None:
+    def set_threads(self) -> None:
         import torch
 
         n = self.threads()
         os.environ["OMP_NUM_THREADS"] = str(n)
         torch.set_num_threads(n)
+
+    def setup(self) -> None:
+        import torch
+
+        self.set_threads()
         if self.uses_cuda():
             require_cuda(self.name)
             apply_cuda_switches(self.cfg)

@@ -130,7 +130,6 @@ class DDPStrategy(Strategy):
     def setup(self):
         import datetime
 
-        import torch
         import torch.distributed as dist
 
         if self.uses_cuda():
@@ -140,9 +139,7 @@ class DDPStrategy(Strategy):
             raise StrategyError(f"{env.launcher} started {env.world_size} processes but the run "
                                 f"expects world_size={self.cfg.world_size}: fix tasks/nproc")
         self.rank, self.local_rank, self.world_size = env.rank, env.local_rank, env.world_size
-        n = self.threads()
-        os.environ["OMP_NUM_THREADS"] = str(n)
-        torch.set_num_threads(n)
+        self.set_threads()
         self.device = self.pick_device(env)
         backend = self.backend(self.device != "cpu")
         addr = resolve(env.master_addr)

@@ -64,7 +64,8 @@ class LightningStrategy(DDPStrategy):
                 segment.attach(strategy.wrap(self.model), self.trainer.optimizers[0],
                                self.trainer.lr_scheduler_configs[0].scheduler, self.batches)
                 segment.resume()
-                self.trainer.fit_loop.max_epochs = segment.until_epoch - segment.progress.epoch
+                left = segment.until_epoch - segment.progress.epoch  # the partial one counts
+                self.trainer.fit_loop.max_epochs = max(0, left)  # -1 would mean "no limit"
 
             def on_train_start(self):
                 segment.begin()  # after Lightning's signal handlers, so ours are the ones
