@@ -162,7 +162,7 @@ def ours_run(name: str, settings: dict, batches: Path, threads: int, nproc: int 
     return {"epoch1": recs[0]["images_per_sec"],
             "images_per_sec": statistics.mean(r["images_per_sec"] for r in recs[1:]),
             "foreign_cores": busy,
-            "describe": next(l for l in stdout.splitlines() if l.startswith(f"[{name}]"))}
+            "describe": next(l for l in stdout.splitlines() if " model=" in l)}
 
 
 def best(runs: list[dict]) -> dict:

@@ -14,7 +14,7 @@ prefixes (launch -> torchrun, mps-run -> a private MPS daemon), one case at a ti
 
 and prints img/s (last epoch, all ranks) and GPU utilisation (nvidia-smi sampled every
 200 ms while the case runs, mean over the busy GPUs). Sized for < 8 minutes on one GPU;
-writes bench/out/gpu_check.json. Without a GPU it says so in one line and exits 2.
+writes bench/out/gpu_check/gpu_check.json. Without a GPU it says so in one line and exits 2.
 """
 
 from __future__ import annotations
