@@ -17,6 +17,7 @@ from cifarflow import checkpoint as ckpt
 
 pytestmark = pytest.mark.slurm
 CONFIG = ROOT / "tests" / "configs" / "slurm" / "config.yaml"
+STRATEGIES = ("cpu", "ddp", "fsdp", "lightning")
 FAST_POLLING = ["--slurm-status-command", "squeue", "--slurm-init-seconds-before-status-checks",
                 "1", "--seconds-between-status-checks", "1", "--latency-wait", "5"]
 
@@ -60,9 +61,9 @@ def slurm_run(tmp_path_factory):
 def test_every_job_but_the_local_rules_ran_under_slurm(slurm_run):
     work, text = slurm_run
     jobs = submitted(text)
-    assert set(jobs) == {"record_environment", "train_cpu", "train_ddp"}, jobs
-    assert len(jobs["train_cpu"]) == 2 and len(jobs["train_ddp"]) == 2
-    assert len(set(jobs["train_cpu"])) == 2  # each segment its own job
+    assert set(jobs) == {"record_environment", *(f"train_{s}" for s in STRATEGIES)}, jobs
+    for strategy in STRATEGIES:
+        assert len(set(jobs[f"train_{strategy}"])) == 2  # each segment its own job
     for ids in jobs.values():
         for jobid in ids:
             assert job_state(jobid) == "COMPLETED", jobid
@@ -76,7 +77,7 @@ def test_every_job_but_the_local_rules_ran_under_slurm(slurm_run):
 def test_segments_and_ranks_record_their_slurm_jobs(slurm_run):
     work, text = slurm_run
     jobs = submitted(text)
-    for run, rule in (("cpu", "train_cpu"), ("ddp", "train_ddp")):
+    for run, rule in ((s, f"train_{s}") for s in STRATEGIES):
         manifests = [ckpt.read_manifest(work / f"results/runs/{run}/segment-{k}") for k in (1, 2)]
         ids = [m["slurm_job_id"] for m in manifests]
         assert sorted(ids) == sorted(jobs[rule]) and ids[0] != ids[1]
@@ -86,6 +87,10 @@ def test_segments_and_ranks_record_their_slurm_jobs(slurm_run):
     log = (work / "results/logs/train/ddp/segment-1.log").read_text()
     assert "[launch] srun --kill-on-bad-exit=1 --nodes=1 --ntasks=2" in log
     assert "world 2 via srun, backend gloo" in log
+    # Lightning under srun: ranks from Slurm's environment, the engine's checkpoint
+    log = (work / "results/logs/train/lightning/segment-2.log").read_text()
+    assert "[launch] srun --kill-on-bad-exit=1 --nodes=1 --ntasks=2" in log
+    assert "resumed from results/runs/lightning/segment-1 at epoch 2, batch 0" in log
 
 
 def test_summary_is_complete(slurm_run):
@@ -93,8 +98,9 @@ def test_summary_is_complete(slurm_run):
     import csv
 
     rows = {r["run"]: r for r in csv.DictReader(open(work / "results/summary.csv"))}
-    assert set(rows) == {"cpu", "ddp"}
-    assert rows["ddp"]["world_size"] == "2" and rows["cpu"]["world_size"] == "1"
+    assert set(rows) == set(STRATEGIES)
+    assert rows["cpu"]["world_size"] == "1"
+    assert all(rows[s]["world_size"] == "2" for s in ("ddp", "fsdp", "lightning"))
     for r in rows.values():
         assert r["status"] == "ok" and r["epochs"] == "2" and float(r["test_acc"]) > 0.2
         assert len(r["slurm_job_ids"].split()) == 2

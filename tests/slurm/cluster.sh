@@ -2,7 +2,7 @@
 # Single-node Slurm cluster bound to loopback, for tests and CI.
 #
 #   tests/slurm/cluster.sh start    # install (if needed), configure, start, wait until idle
-#   tests/slurm/cluster.sh stop     # stop slurmctld, slurmd, munged (idempotent)
+#   tests/slurm/cluster.sh stop     # stop the daemons this script started (idempotent)
 #   tests/slurm/cluster.sh status   # sinfo + squeue; exit 0 if node idle/mixed/alloc
 #
 # Needs root. No systemd: daemons are started by hand.
@@ -20,7 +20,7 @@ SLURMD_SPOOL=/var/spool/slurmd
 RUN_DIR=/run/slurm
 CTLD_PID=$RUN_DIR/slurmctld.pid
 SLURMD_PID=$RUN_DIR/slurmd.pid
-MUNGE_PID=/run/munge/munged.pid
+MUNGE_PID=/run/munge/cifarflow-munged.pid  # ours: a munged we did not start is used, never stopped
 WAIT_S=${SLURM_WAIT_S:-60}
 
 log() { echo "[slurm-cluster] $*" >&2; }
@@ -31,17 +31,26 @@ need_root() {
     fi
 }
 
+alive() { # pid: running, not a zombie left for an absent parent to reap
+    [[ -n $1 ]] && kill -0 "$1" 2>/dev/null \
+        && [[ $(awk '{print $3}' "/proc/$1/stat" 2>/dev/null) != Z ]]
+}
+
 pid_alive() { # pidfile
     local p
     [[ -s $1 ]] || return 1
     p=$(cat "$1" 2>/dev/null) || return 1
-    [[ -n $p ]] && kill -0 "$p" 2>/dev/null
+    alive "$p"
 }
 
 # pid of a running daemon: from its pidfile, else exact process-name match.
 daemon_pid() { # name pidfile
+    local p
     if pid_alive "$2"; then cat "$2"; return 0; fi
-    pgrep -x "$1" 2>/dev/null | head -n1 || true
+    for p in $(pgrep -x "$1" 2>/dev/null); do
+        alive "$p" && { echo "$p"; return 0; }
+    done
+    return 0
 }
 
 running() { [[ -n $(daemon_pid "$1" "$2") ]]; }
@@ -83,7 +92,10 @@ start_munge() {
     fi
     chown munge:munge /etc/munge/munge.key
     chmod 0400 /etc/munge/munge.key
-    if ! running munged "$MUNGE_PID"; then
+    if munge -n </dev/null 2>/dev/null | unmunge >/dev/null 2>&1; then
+        return 0  # a working munged (ours from an earlier start, or the system's)
+    fi
+    if ! pid_alive "$MUNGE_PID"; then
         log "starting munged"
         rm -f /run/munge/munge.socket.2 /run/munge/munge.socket.2.lock
         runuser -u munge -- /usr/sbin/munged --pid-file="$MUNGE_PID" \
@@ -236,10 +248,10 @@ cmd_start() {
     sinfo
 }
 
-kill_and_wait() { # name pidfile
+kill_and_wait() { # name pidfile: only the process of our own pidfile
     local pid i
     for i in $(seq 1 30); do
-        pid=$(daemon_pid "$1" "$2")
+        pid=$(pid_alive "$2" && cat "$2" || true)
         [[ -z $pid ]] && { rm -f "$2"; return 0; }
         if (( i == 1 )); then kill -TERM "$pid" 2>/dev/null || true; fi
         if (( i == 20 )); then kill -KILL "$pid" 2>/dev/null || true; fi

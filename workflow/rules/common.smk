@@ -76,6 +76,11 @@ def runs_of(strategy):
     return [name for name, run in RUNS.items() if run.strategy == strategy]
 
 
+def write_spec(run, path, log):
+    run.config.write(path)
+    Path(log).write_text(f"{path}: config hash {run.config.shaping_hash()}\n")
+
+
 def segment_dir(run, segment):
     return f"{run_dir(run)}/segment-{segment}"
 

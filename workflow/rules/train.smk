@@ -10,8 +10,7 @@ rule write_run_spec:
         f"{RESULTS}/logs/write_run_spec/{{run}}.log",
     localrule: True
     run:
-        RUNS[wildcards.run].config.write(output.spec)
-        Path(log[0]).write_text(f"{output.spec}: config hash {RUNS[wildcards.run].config.shaping_hash()}\n")
+        write_spec(RUNS[wildcards.run], output.spec, log[0])
 
 
 # One rule per strategy (so profiles can set resources per strategy), each a checkpoint:
