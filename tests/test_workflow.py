@@ -231,3 +231,34 @@ def test_alliance_environment_prologue(tmp_path):
     assert train.index("module load python/3.11") < train.index("virtualenv --no-download")
     assert 'JOB_VENV="${SLURM_TMPDIR:-' in train
     assert "pip install -q --no-index -r" in train and "python -m cifarflow train" in train
+
+
+def test_a_failed_attempt_is_retried_resumes_and_keeps_its_log(tmp_path):
+    """The training process dies mid-segment (OOM killer, node trouble); with --retries the
+    next attempt resumes from the in-segment checkpoint, the first attempt's log is kept,
+    and summary.csv counts the attempts."""
+    often = tmp_path / "often.yaml"  # a save after every batch: the kill lands mid-segment
+    often.write_text("train: {checkpoint_interval_s: 0.001}\n")
+    cmd = [str(Path(PY).parent / "snakemake"), "-s", str(ROOT / "Snakefile"), "--directory",
+           str(tmp_path), "--configfile", str(CONFIGS / "kill" / "config.yaml"), str(often),
+           "--cores", "2", "--retries", "1"]
+    proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    work = tmp_path / "results/runs/cpu/work/checkpoint.json"
+    while not work.exists() and proc.poll() is None:
+        time.sleep(0.05)
+    training = subprocess.run(["pgrep", "-f", r"^\S*python\S* -m cifarflow train --spec results"],
+                              capture_output=True, text=True).stdout.split()
+    assert len(training) == 1, training
+    os.kill(int(training[0]), signal.SIGKILL)
+    output = proc.communicate(timeout=600)[0]
+    assert proc.returncode == 0, output[-3000:]
+    logs = tmp_path / "results/logs/train/cpu"
+    first = (logs / "segment-1.attempt1.log").read_text()
+    assert "resumed from" not in first and "model=lenet" in first
+    second = (logs / "segment-1.attempt2.log").read_text()
+    assert "resumed from results/runs/cpu/work at epoch" in second
+    assert (logs / "segment-1.log").read_text() == second  # the declared log: the last attempt
+    row = read_summary(tmp_path / "results/summary.csv")[0]
+    assert (row["status"], row["segments"], row["attempts"], row["early_stops"]) == \
+        ("ok", "1", "2", "0")

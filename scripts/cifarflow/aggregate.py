@@ -8,8 +8,8 @@ from pathlib import Path
 COLUMNS = ["run", "strategy", "device", "model", "batch_size", "world_size", "cpus_per_task",
            "epochs",
            "images_per_sec", "images_per_sec_per_core", "train_loss", "test_acc", "wall_s",
-           "epoch_s", "peak_mem_mb", "gpu_util_pct", "segments", "slurm_job_ids", "status",
-           "fallbacks"]
+           "epoch_s", "peak_mem_mb", "gpu_util_pct", "segments", "attempts", "early_stops",
+           "slurm_job_ids", "status", "fallbacks"]
 SCALING_KEYS = ("world_size", "replicas")
 
 
@@ -28,8 +28,13 @@ def summarize_run(name: str, run: dict) -> dict:
         return {**row, "status": "missing"}
     history = load_history(path)
     manifest = Path(path).with_name("checkpoint.json")
-    events = json.loads(manifest.read_text()).get("events", []) if manifest.is_file() else []
-    row["fallbacks"] = " | ".join(events)
+    meta = json.loads(manifest.read_text()) if manifest.is_file() else {}
+    row["fallbacks"] = " | ".join(meta.get("events", []))
+    attempts = {}  # segment -> its last attempt (a retried segment counts each try)
+    for r in meta.get("segment_runs", []):
+        attempts[r["segment"]] = max(attempts.get(r["segment"], 0), r["attempt"])
+    row["attempts"] = sum(attempts.values())
+    row["early_stops"] = sum(1 for r in meta.get("segment_runs", []) if r["stopped"])
     if not history:
         return {**row, "status": "empty"}
     last = history[-1]

@@ -41,7 +41,7 @@ def cmd_train(a) -> None:
     run_training(TrainConfig.read(Path(a.spec)), threads=a.threads, data_dir=Path(a.data),
                  out_dir=Path(a.out), resume_dir=Path(a.resume) if a.resume else None,
                  work_dir=Path(a.work) if a.work else None, until_epoch=a.until_epoch,
-                 budget_min=a.budget_min, start_time=START)
+                 budget_min=a.budget_min, start_time=START, attempt=a.attempt)
 
 
 def cmd_record_env(a) -> None:
@@ -98,6 +98,7 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--budget-min", type=float, default=None, help="time budget in minutes "
                    "(the rule's runtime); the spec's budget_s applies if smaller")
     t.add_argument("--threads", type=int, default=0)
+    t.add_argument("--attempt", type=int, default=1, help="Snakemake's attempt (retries)")
     t.set_defaults(func=cmd_train)
 
     r = sub.add_parser("record-env", help="write the software environment")

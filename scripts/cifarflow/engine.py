@@ -181,13 +181,14 @@ class Progress:
     ranks: list = field(default_factory=list)   # [loss_sum, correct, seen, train_s] of every rank
     history: list = field(default_factory=list)
     events: list = field(default_factory=list)  # logged fallbacks, carried to summary.csv
+    segment_runs: list = field(default_factory=list)  # each segment attempt that got to its end
 
 
 class Segment:
     def __init__(self, cfg: TrainConfig, strategy, data_dir: Path, out_dir: Path,
                  resume_dir: Path | None = None, work_dir: Path | None = None,
                  until_epoch: int | None = None, budget_min: float | None = None,
-                 start_time: float | None = None):
+                 start_time: float | None = None, attempt: int = 1):
         self.cfg, self.s = cfg, strategy
         self.data_dir, self.out_dir = Path(data_dir), Path(out_dir)
         self.resume_dir = Path(resume_dir) if resume_dir else None
@@ -195,7 +196,7 @@ class Segment:
         self.until_epoch = min(until_epoch or cfg.epochs, cfg.epochs)
         budgets = [b for b in (cfg.budget_s, (budget_min or 0) * 60) if b]
         self.budget_s = min(budgets) if budgets else None
-        self.start_time = start_time or time.time()
+        self.start_time, self.attempt = start_time or time.time(), attempt
         self.checkpointer = strategy.checkpointer()
         self.progress = Progress()
         self.stop: StopController | None = None
@@ -257,7 +258,8 @@ class Segment:
                 "epochs": self.cfg.epochs, "until_epoch": self.until_epoch,
                 "done": p.epoch >= self.cfg.epochs, "segment_reached_target":
                 p.epoch >= self.until_epoch, "world_size": self.s.world_size,
-                "events": p.events, "slurm_job_id": os.environ.get("SLURM_JOB_ID", "")}
+                "events": p.events, "segment_runs": p.segment_runs,
+                "slurm_job_id": os.environ.get("SLURM_JOB_ID", "")}
 
     def save(self, directory: Path) -> float:
         t0 = time.perf_counter()
@@ -449,6 +451,9 @@ class Segment:
 
     def finish(self, reason: str | None) -> dict:
         p = self.progress
+        p.segment_runs.append({"segment": self.out_dir.name, "attempt": self.attempt,
+                               "stopped": reason, "epoch": p.epoch, "step": p.step,
+                               "slurm_job_id": os.environ.get("SLURM_JOB_ID", "")})
         if reason:
             # every rank says where it stopped, in one write so lines do not interleave
             sys.stdout.write(f"[rank {self.s.rank}] stopping at epoch {p.epoch + 1} "

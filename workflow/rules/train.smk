@@ -42,6 +42,10 @@ for _strategy in config["strategies"]:
         threads: lambda wildcards: RUNS[wildcards.run].threads
         resources:
             **run_resources(_strategy),
+            attempt=lambda wildcards, attempt: attempt,
         shell:
-            "({params.prologue}{params.launch} {params.py} train --spec {input.spec} {params.args}"
-            " --threads {resources.cpus_per_task} --budget-min {resources.runtime}) > {log} 2>&1"
+            # every attempt keeps its own log (Snakemake empties the log before a retry)
+            "L={log}; ({params.prologue}{params.launch} {params.py} train"
+            " --spec {input.spec} {params.args} --threads {resources.cpus_per_task}"
+            " --budget-min {resources.runtime} --attempt {resources.attempt}) 2>&1"
+            " | tee ${{L%.log}}.attempt{resources.attempt}.log > $L"
