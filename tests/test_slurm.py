@@ -112,15 +112,12 @@ def train_job_id(comment: str) -> str | None:
     return next((line.split()[0] for line in out.splitlines() if line.endswith(comment)), None)
 
 
-def test_job_killed_for_its_time_limit_is_retried_and_resumes(tmp_path):
-    """Slurm, not the segment's own timer, ends the job: once an in-segment checkpoint
-    exists the training process is frozen (SIGSTOP), so the job outlives the limit it then
-    gets (30 s, cut from the rule's 10 min) however fast this machine trains. The profile's
-    retries resubmit the segment, which resumes from the last in-segment checkpoint, and
-    the workflow ends well by itself."""
+def start_long_segment(tmp_path):
+    """A one-segment cpu run through profiles/slurm; returns once its job runs and has
+    written an in-segment checkpoint: (snakemake process, job id)."""
     long_run = tmp_path / "long.yaml"
     long_run.write_text("strategies: [cpu]\nsegments: {count: 1}\n"
-                        "train: {epochs: 60, batch_size: 10, lr: 0.01, checkpoint_interval_s: 2}\n")
+                        "train: {epochs: 60, batch_size: 10, lr: 0.01, checkpoint_interval_s: 0.5}\n")
     cmd = [str(Path(PY).parent / "snakemake"), "-s", str(ROOT / "Snakefile"), "--directory",
            str(tmp_path), "--profile", str(ROOT / "profiles/slurm"), *FAST_POLLING,
            "--configfile", str(CONFIG), str(long_run)]
@@ -133,11 +130,26 @@ def test_job_killed_for_its_time_limit_is_retried_and_resumes(tmp_path):
         jobid = jobid or train_job_id("rule_train_cpu_wildcards_cpu_1")
         time.sleep(1)
     assert jobid and work.exists(), "training job did not start"
-    training = subprocess.run(["pgrep", "-f", "cifarflow train --spec results/runs/cpu/"],
+    return proc, jobid
+
+
+def freeze_training() -> None:
+    """SIGSTOP the segment's training process: whatever Slurm does to the job next happens
+    mid-segment, however fast this machine trains."""
+    training = subprocess.run(["pgrep", "-f", r"^\S*python\S* -m cifarflow train --spec results"],
                               capture_output=True, text=True).stdout.split()
-    assert training, "no training process found"
-    for pid in training:  # Slurm's SIGCONT/SIGTERM/SIGKILL at the limit still reach it
-        os.kill(int(pid), signal.SIGSTOP)
+    assert len(training) == 1, training
+    os.kill(int(training[0]), signal.SIGSTOP)
+
+
+def test_job_killed_for_its_time_limit_is_retried_and_resumes(tmp_path):
+    """Slurm, not the segment's own timer, ends the job: once an in-segment checkpoint
+    exists the training process is frozen (SIGSTOP), so the job outlives the limit it then
+    gets (30 s, cut from the rule's 10 min) however fast this machine trains. The profile's
+    retries resubmit the segment, which resumes from the last in-segment checkpoint, and
+    the workflow ends well by itself."""
+    proc, jobid = start_long_segment(tmp_path)
+    freeze_training()  # Slurm's SIGCONT/SIGTERM/SIGKILL at the limit still reach it
     subprocess.run(["scontrol", "update", f"JobId={jobid}", "TimeLimit=0:30"], check=True)
     output = proc.communicate(timeout=600)[0]
     assert proc.returncode == 0, output[-3000:]
@@ -151,7 +163,6 @@ def test_job_killed_for_its_time_limit_is_retried_and_resumes(tmp_path):
 
     row = next(csv.DictReader(open(tmp_path / "results/summary.csv")))
     assert (row["attempts"], row["status"]) == ("2", "ok")
-    print(f"\ntime-limit kill (job {jobid}) and resume took {time.time() - t0:.0f} s")
 
 
 def test_unknown_partition_is_one_clear_error(tmp_path):
@@ -160,3 +171,24 @@ def test_unknown_partition_is_one_clear_error(tmp_path):
     assert out.returncode != 0
     assert "nosuchpart" in out.stdout + out.stderr
     assert re.search(r"[Ii]nvalid partition|partition", out.stdout + out.stderr)
+
+
+def test_preempted_segment_is_retried_and_resumes(tmp_path):
+    """A job of the higher-priority partition preempts the running segment: its job ends
+    (here the step is killed before the segment can checkpoint at the SIGTERM), the
+    profile's retry resubmits it and the segment resumes from its in-segment checkpoint,
+    losing at most checkpoint_interval_s. Snakemake exits 0 by itself."""
+    proc, jobid = start_long_segment(tmp_path)
+    cpus = subprocess.run(["sinfo", "-h", "-o", "%c"], capture_output=True, text=True).stdout.split()[0]
+    urgent = subprocess.run(["sbatch", "--parsable", "-p", "urgent", f"--cpus-per-task={cpus}",
+                             "--mem=500", "--output=/dev/null", "--wrap", "sleep 2"],
+                            capture_output=True, text=True, check=True).stdout.strip()
+    output = proc.communicate(timeout=900)[0]
+    assert proc.returncode == 0, output[-3000:]
+    assert job_state(urgent) == "COMPLETED"
+    assert job_state(jobid) in ("PREEMPTED", "FAILED", "CANCELLED"), job_state(jobid)
+    logs = tmp_path / "results/logs/train/cpu"
+    assert "resumed from" not in (logs / "segment-1.attempt1.log").read_text()
+    assert "resumed from results/runs/cpu/work at epoch" in \
+        (logs / "segment-1.attempt2.log").read_text()
+    assert ckpt.read_manifest(tmp_path / "results/runs/cpu/segment-1")["done"]

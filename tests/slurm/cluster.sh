@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Single-node Slurm cluster bound to loopback, for tests and CI.
+# Single-node Slurm cluster bound to loopback, for tests and CI (two partitions: debug,
+# the default, is preempted by urgent).
 #
 #   tests/slurm/cluster.sh start    # install (if needed), configure, start, wait until idle
 #   tests/slurm/cluster.sh stop     # stop the daemons this script started (idempotent)
@@ -176,7 +177,12 @@ JobCompType=jobcomp/none
 MailProg=/bin/true
 # node + partition
 NodeName=${short} NodeAddr=127.0.0.1 CPUs=${cpus} Boards=1 SocketsPerBoard=${sockets} CoresPerSocket=${cores} ThreadsPerCore=${threads} RealMemory=${realmem} State=UNKNOWN
-PartitionName=debug Nodes=${short} Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
+# preemption: a job of 'urgent' requeues the jobs of 'debug' it needs room from, after
+# SIGTERM and a grace time (what a shared cluster does to a low-priority job)
+PreemptType=preempt/partition_prio
+PreemptMode=REQUEUE
+PartitionName=debug Nodes=${short} Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO PriorityTier=1 GraceTime=20
+PartitionName=urgent Nodes=${short} Default=NO MaxTime=INFINITE State=UP OverSubscribe=NO PriorityTier=2 PreemptMode=OFF
 EOF
     install -d -m 0755 "$CONF_DIR"
     if [[ -f $CONF ]] && cmp -s "$tmp" "$CONF"; then
