@@ -205,15 +205,14 @@ def part_ddp(batches: Path, reps: int, max_reps: int, deadline: float) -> dict:
 
 
 def checkpoint_cost(model: str, batch_size: int, steps: int, batches: Path) -> dict:
+    from cifarflow.config import TrainConfig
     from cifarflow.engine import Segment
     from cifarflow.strategies import get_strategy
 
     work = OUT / "ckpt" / model
     shutil.rmtree(work, ignore_errors=True)
-    cfg = spec_file(f"ckpt-{model}", "cpu", model=model, batch_size=batch_size, epochs=1)
-    from cifarflow.config import TrainConfig
-
-    cfg = TrainConfig.read(cfg)
+    cfg = TrainConfig.read(spec_file(f"ckpt-{model}", "cpu", model=model,
+                                     batch_size=batch_size, epochs=1))
     s = get_strategy("cpu")(cfg, threads=2)
     s.setup()
     seg = Segment(cfg, s, batches, work / "out")

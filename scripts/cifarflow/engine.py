@@ -331,8 +331,8 @@ class Segment:
             self.scheduler.load_state_dict(trainer["scheduler"])
             set_rng_state(trainer["rng"])
             self.progress = p = Progress(**trainer["progress"])
-            loss_sum, correct, p.seen, p.train_s = p.ranks[self.s.rank]  # this rank's share
-            p.loss_sum, p.correct, p.seen = loss_sum, int(correct), int(p.seen)
+            loss_sum, correct, seen, p.train_s = p.ranks[self.s.rank]  # this rank's share
+            p.loss_sum, p.correct, p.seen = loss_sum, int(correct), int(seen)
             self.log(f"resumed from {choice} at epoch {self.progress.epoch + 1}, "
                      f"batch {self.progress.step}")
         self.progress.events += notes
@@ -486,10 +486,6 @@ class Segment:
             else:
                 reason = self.end_epoch()
         return self.finish(reason)
-
-
-def read_metrics(path: Path) -> list[dict]:
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 
 
 def run_training(cfg: TrainConfig, threads: int = 0, **segment_kw) -> dict:

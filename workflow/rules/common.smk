@@ -17,6 +17,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 )
 
 from cifarflow.plan import build_runs  # noqa: E402  (no torch import: parsing stays fast)
+from cifarflow.strategies import get_strategy  # noqa: E402
 
 try:
     RUNS = build_runs(config)
@@ -115,7 +116,7 @@ def run_resources(strategy):
         for key in resource_keys(strategy)
     }
     res.update(SLURM_PLACEMENT)
-    if any(RUNS[name].strategy_class.launched for name in runs_of(strategy)):
+    if get_strategy(strategy).launched:
         res["mpi"] = lambda wildcards: RUNS[wildcards.run].strategy_class.launcher(
             PYTHON, RUNS[wildcards.run]
         )

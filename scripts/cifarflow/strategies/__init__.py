@@ -2,13 +2,16 @@
 imported; its ``Strategy`` subclass registers itself by its ``name``. A new strategy is a
 new file here, nothing else."""
 
+import functools
 import importlib
 import pkgutil
 
 from .base import STRATEGIES, Strategy, StrategyError
 
 
+@functools.cache
 def registered() -> dict[str, type[Strategy]]:
+    """Imported once per process: planning asks for a strategy per run and per job."""
     for module in pkgutil.iter_modules(__path__):
         if module.name != "base":
             importlib.import_module(f"{__name__}.{module.name}")
