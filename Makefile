@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-DEB_PACKAGES := slurmctld slurmd slurm-client munge chromium
+DEB_PACKAGES := slurmctld slurmd slurm-client munge iproute2 chromium
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: run test test-fast debian-packages dry-run bench slurm-up slurm-down clean
@@ -21,7 +21,7 @@ run: $(STAMP)  ## train the offline demo (synthetic data, cpu) and summarise it
 dry-run: $(STAMP)
 	$(VENV)/bin/snakemake -n
 
-debian-packages:  ## what the tests run for real: Slurm, munge, headless Chromium
+debian-packages:  ## what the tests run for real: Slurm, munge, ip (the test nodes' network), headless Chromium
 	@missing=$$(for p in $(DEB_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
 	    echo "installing Debian packages:" $$missing; \
@@ -29,7 +29,7 @@ debian-packages:  ## what the tests run for real: Slurm, munge, headless Chromiu
 	    DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q $$missing >/dev/null; \
 	fi
 
-test: $(STAMP) debian-packages  ## the whole suite (starts a one-node Slurm cluster for the slurm tests)
+test: $(STAMP) debian-packages  ## the whole suite (starts the test Slurm cluster: this host plus two namespaced nodes)
 	bash tests/slurm/cluster.sh start
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest -v tests
 

@@ -12,7 +12,9 @@ from conftest import (ENV, PY, assert_bit_identical, cli, metrics_of, same_metri
 from cifarflow import checkpoint as ckpt
 from cifarflow.launch import launch_argv
 from cifarflow.strategies.base import StrategyError
-from cifarflow.strategies.ddp import dist_env, first_host, port_for_job, require_dist_env
+from cifarflow.strategies.base import apply_cuda_switches
+from cifarflow.strategies.ddp import (dist_env, first_host, gpu_index, port_for_job,
+                                     require_dist_env, shared_gpus)
 
 COMMON = dict(epochs=2, momentum=0.9, lr=0.05)
 
@@ -124,6 +126,37 @@ def test_mps_wrapper_plans_a_private_daemon_then_refuses_without_gpu(tmp_path):
         assert real.returncode == 2
         assert real.stderr.strip().startswith("mps: needs an NVIDIA GPU")
         assert "\nreplica-started" not in real.stdout  # the replicas never started
+
+
+def test_mps_directories_follow_slurm_tmpdir_past_the_jobstep(tmp_path):
+    """Inside a job command the jobstep has dropped SLURM_TMPDIR; the workflow's copy
+    (CIFARFLOW_SLURM_TMPDIR) is used instead of a shared /tmp."""
+    from cifarflow.mps_daemon import mps_dirs
+
+    dirs = mps_dirs({"CIFARFLOW_SLURM_TMPDIR": str(tmp_path), "SLURM_JOB_ID": "7"})
+    assert dirs["CUDA_MPS_PIPE_DIRECTORY"] == f"{tmp_path}/nvidia-mps-7/pipe"
+
+
+def test_each_rank_finds_its_gpu_whether_it_sees_all_or_only_its_own():
+    assert [gpu_index(r, 4, visible=4) for r in range(4)] == [0, 1, 2, 3]  # all of the node's
+    assert [gpu_index(r, 4, visible=1) for r in range(4)] == [0, 0, 0, 0]  # --gpu-bind
+    with pytest.raises(StrategyError, match="4 processes on this node but 2 GPUs"):
+        gpu_index(3, 4, visible=2)
+    # one GPU bound to two tasks on a host is a wrong request, whatever each task sees
+    assert shared_gpus([("n1", "GPU-a"), ("n1", "GPU-b"), ("n2", "GPU-a")]) == []
+    assert shared_gpus([("n1", "GPU-a"), ("n1", "GPU-a"), ("n2", "GPU-b")]) == [0, 1]
+
+
+def test_deterministic_runs_set_the_cublas_workspace(monkeypatch):
+    from cifarflow.config import TrainConfig
+
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    cfg = TrainConfig.read(spec("ddp", device="cuda", world_size=1))
+    apply_cuda_switches(cfg)
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")  # the user's own choice stays
+    apply_cuda_switches(cfg)
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":16:8"
 
 
 def test_launcher_uses_srun_inside_slurm_and_torchrun_outside():

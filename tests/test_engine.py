@@ -185,3 +185,45 @@ def test_changed_synthetic_data_is_refused(cifar_dir, reference, tmp_path):
     out = cli("train", "--spec", other, "--data", cifar_dir, "--out", tmp_path / "n",
               "--resume", reference, check=False)
     assert out.returncode == 2 and "data_id" in out.stderr and "refusing to resume" in out.stderr
+
+
+def test_gpu_sampler_averages_what_it_read_during_the_epoch():
+    """Recorded NVML readings (utilisation %, memory MB): each take() covers the samples
+    since the previous one; the background thread keeps sampling until stopped."""
+    from cifarflow.gpu_monitor import GpuSampler
+
+    readings = iter([(90.0, 1000.0), (30.0, 1500.0), (60.0, 1200.0), (10.0, 800.0)])
+    sampler = GpuSampler(lambda: next(readings))
+    for _ in range(3):
+        sampler.sample()
+    assert sampler.take() == {"gpu_util_pct": 60.0, "gpu_mem_mb": 1500.0, "gpu_samples": 3}
+    sampler.sample()
+    assert sampler.take() == {"gpu_util_pct": 10.0, "gpu_mem_mb": 800.0, "gpu_samples": 1}
+    assert sampler.take()["gpu_util_pct"] is None  # nothing read: unknown, not 0
+
+    ticks = []
+    live = GpuSampler(lambda: ticks.append(1) or (50.0, 100.0), interval_s=0.01).start()
+    deadline = time.time() + 60
+    while len(ticks) < 3 and time.time() < deadline:
+        time.sleep(0.01)
+    live.stop()
+    taken = live.take()
+    assert taken["gpu_samples"] >= 3 and taken["gpu_util_pct"] == 50.0
+    assert len(ticks) == taken["gpu_samples"]  # stopped: no reading after stop()
+
+
+def test_advice_flags_an_under_used_gpu():
+    import pandas as pd
+
+    from cifarflow.aggregate import COLUMNS, advice
+
+    rows = [{c: None for c in COLUMNS} | {"run": run, "strategy": s, "device": d, "status": "ok",
+                                          "images_per_sec": ips, "images_per_sec_per_core": ips,
+                                          "cpus_per_task": 1, "gpu_util_pct": util}
+            for run, s, d, ips, util in [("cpu", "cpu", "cpu", 900.0, None),
+                                         ("gpu", "gpu", "cuda", 5000.0, 23.0),
+                                         ("ddp", "ddp", "cuda", 9000.0, 91.0)]]
+    tips = advice(pd.DataFrame(rows, columns=COLUMNS))
+    assert "gpu uses the GPU only 23% of the time: share it with MPS replicas or use a CPU job" \
+        in tips
+    assert not any(t.startswith("ddp uses the GPU") for t in tips)

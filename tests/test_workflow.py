@@ -4,6 +4,7 @@ errors, and a SIGKILLed segment resumed on rerun."""
 import csv
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -228,9 +229,20 @@ def test_alliance_environment_prologue(tmp_path):
     out = snakemake(tmp_path, "-n", "-p", configfile=CONFIGS / "local" / "config.yaml",
                     config=["env={'mode': 'slurm_tmpdir', 'modules': ['python/3.11']}"])
     train = next(l for l in out.stdout.splitlines() if "cifarflow train" in l)
-    assert train.index("module load python/3.11") < train.index("virtualenv --no-download")
-    assert 'JOB_VENV="${SLURM_TMPDIR:-' in train
-    assert "pip install -q --no-index -r" in train and "python -m cifarflow train" in train
+    assert train.index("module load python/3.11") < train.index("node_venv.sh")
+    # SLURM_TMPDIR as the job had it before the jobstep dropped SLURM_* (empty here)
+    assert 'JOB_VENV="${CIFARFLOW_SLURM_TMPDIR:-' in train
+    assert re.search(r"node_venv.sh \S*requirements.txt --no-index && source", train)
+    assert "srun" not in train.split("python -m cifarflow train")[0]  # one node: built in place
+    two_nodes = tmp_path / "two_nodes.yaml"
+    two_nodes.write_text("strategies: [ddp]\ndistributed: {world_size: 2, nodes: 2}\n"
+                         "env: {mode: slurm_tmpdir, find_links: /wheels}\n")
+    out = snakemake(tmp_path, "-n", "-p", configfile=[CONFIGS / "local" / "config.yaml", two_nodes])
+    train = next(l for l in out.stdout.splitlines() if "cifarflow train" in l)
+    # every node of the job builds its own copy before the ranks start
+    assert re.search(r"srun --kill-on-bad-exit=1 --nodes=2 --ntasks=2 --ntasks-per-node=1 "
+                     r"--cpus-per-task=1 \S*node_venv.sh \S*requirements.txt --no-index "
+                     r"--find-links /wheels && source", train), train
 
 
 def test_a_failed_attempt_is_retried_resumes_and_keeps_its_log(tmp_path):

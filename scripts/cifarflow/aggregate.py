@@ -8,8 +8,8 @@ from pathlib import Path
 COLUMNS = ["run", "strategy", "device", "model", "batch_size", "world_size", "cpus_per_task",
            "epochs",
            "images_per_sec", "images_per_sec_per_core", "train_loss", "test_acc", "wall_s",
-           "epoch_s", "peak_mem_mb", "gpu_util_pct", "segments", "attempts", "early_stops",
-           "slurm_job_ids", "status", "fallbacks"]
+           "epoch_s", "peak_mem_mb", "gpu_util_pct", "segments", "attempts", "requeues",
+           "early_stops", "slurm_job_ids", "hosts", "status", "fallbacks"]
 SCALING_KEYS = ("world_size", "replicas")
 
 
@@ -30,10 +30,12 @@ def summarize_run(name: str, run: dict) -> dict:
     manifest = Path(path).with_name("checkpoint.json")
     meta = json.loads(manifest.read_text()) if manifest.is_file() else {}
     row["fallbacks"] = " | ".join(meta.get("events", []))
-    attempts = {}  # segment -> its last attempt (a retried segment counts each try)
+    attempts, requeues = {}, {}  # segment -> its last attempt / Slurm requeue of the job
     for r in meta.get("segment_runs", []):
         attempts[r["segment"]] = max(attempts.get(r["segment"], 0), r["attempt"])
-    row["attempts"] = sum(attempts.values())
+        requeues[r["segment"]] = max(requeues.get(r["segment"], 0), r.get("requeue", 0))
+    row["attempts"] = sum(attempts.values())  # a retried segment counts each try
+    row["requeues"] = sum(requeues.values())
     row["early_stops"] = sum(1 for r in meta.get("segment_runs", []) if r["stopped"])
     if not history:
         return {**row, "status": "empty"}
@@ -43,6 +45,7 @@ def summarize_run(name: str, run: dict) -> dict:
     cores = (res.get("cpus_per_task") or 1) * row["world_size"]
     util = [h["gpu_util_pct"] for h in history if h.get("gpu_util_pct") is not None]
     jobs = sorted({h.get("slurm_job_id") for h in history if h.get("slurm_job_id")})
+    hosts = sorted({host for h in history for host in h.get("hosts", [])})
     return {**row, "epochs": last["epoch"], "images_per_sec": ips,
             "images_per_sec_per_core": ips / cores, "train_loss": last["train_loss"],
             "test_acc": last["test_acc"], "wall_s": sum(h["wall_s"] for h in history),
@@ -50,6 +53,7 @@ def summarize_run(name: str, run: dict) -> dict:
             "peak_mem_mb": max(h["peak_mem_mb"] for h in history),
             "gpu_util_pct": sum(util) / len(util) if util else None,
             "segments": run.get("segments"), "slurm_job_ids": " ".join(jobs),
+            "hosts": " ".join(hosts),
             "status": "ok" if last["epoch"] >= spec["epochs"] else "incomplete"}
 
 

@@ -47,7 +47,7 @@ def cmd_train(a) -> None:
 def cmd_record_env(a) -> None:
     from .environment import record_environment
 
-    record_environment(Path(a.out), Path(a.freeze))
+    record_environment(Path(a.out), Path(a.freeze), a.expect_gpu)
 
 
 def cmd_aggregate(a) -> None:
@@ -104,6 +104,8 @@ def parser() -> argparse.ArgumentParser:
     r = sub.add_parser("record-env", help="write the software environment")
     r.add_argument("--out", required=True)
     r.add_argument("--freeze", required=True)
+    r.add_argument("--expect-gpu", action="store_true",
+                   help="fail unless torch sees a GPU it has kernels for")
     r.set_defaults(func=cmd_record_env)
 
     g = sub.add_parser("aggregate", help="summary table, plots and advice")

@@ -21,6 +21,7 @@ import os
 import random
 import resource
 import signal
+import socket
 import sys
 import time
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ import torch.nn.functional as F
 
 from . import checkpoint as ckpt
 from .config import TrainConfig
+from .gpu_monitor import GpuSampler, nvml_reader
 from .loaders import Split, TensorBatches, TorchvisionBatches, eval_batches
 from .models import build_model
 
@@ -56,7 +58,7 @@ def rng_state() -> dict:
     state = {"python": random.getstate(), "numpy": np.random.get_state(),
              "torch": torch.get_rng_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+        state["cuda"] = torch.cuda.get_rng_state()  # this rank's device only
     return state
 
 
@@ -65,7 +67,8 @@ def set_rng_state(state: dict) -> None:
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"].cpu())
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
+        # into this rank's device, however many devices this task sees now
+        torch.cuda.set_rng_state(state["cuda"].cpu())
 
 
 def build_optimizer(cfg: TrainConfig, params):
@@ -91,15 +94,6 @@ def peak_memory_mb(device: str) -> float:
     if str(device).startswith("cuda"):
         return torch.cuda.max_memory_allocated(device) / 2**20
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
-
-
-def gpu_utilization(device: str) -> float | None:
-    if not str(device).startswith("cuda"):
-        return None
-    try:
-        return float(torch.cuda.utilization(device))
-    except Exception:  # needs NVML; absent on some nodes
-        return None
 
 
 # ---- agreed decisions ------------------------------------------------------------------
@@ -184,6 +178,12 @@ class Progress:
     segment_runs: list = field(default_factory=list)  # each segment attempt that got to its end
 
 
+def slurm_restarts() -> int:
+    """How often Slurm requeued this job (the workflow passes it on past the jobstep)."""
+    return int(os.environ.get("SLURM_RESTART_COUNT")
+               or os.environ.get("CIFARFLOW_SLURM_RESTART_COUNT") or 0)
+
+
 class Segment:
     def __init__(self, cfg: TrainConfig, strategy, data_dir: Path, out_dir: Path,
                  resume_dir: Path | None = None, work_dir: Path | None = None,
@@ -200,6 +200,7 @@ class Segment:
         self.checkpointer = strategy.checkpointer()
         self.progress = Progress()
         self.stop: StopController | None = None
+        self.gpu: GpuSampler | None = None  # utilisation samples while training on a GPU
 
     def log(self, msg: str) -> None:
         if self.s.is_main:
@@ -307,6 +308,8 @@ class Segment:
 
     def resume(self) -> Path | None:
         """Load the checkpoint rank 0 chose; every rank learns the choice (or the error)."""
+        self.places = self.s.gather_objects((socket.gethostname(), sys.prefix))  # per rank
+        self.hosts = [host for host, _ in self.places]
         choice, error, notes, code = None, None, [], 0
         if self.s.is_main:
             try:
@@ -344,9 +347,21 @@ class Segment:
         self.stop = StopController(self.budget_s, self.cfg.margin_s, self.s, self.start_time,
                                    self.cfg.checkpoint_interval_s)
         self.save_s = 0.0
+        self.gpu = self._gpu_sampler()
         self.log(f"[{self.cfg.run}] {self.s.describe()} model={self.cfg.model} "
                  f"batch={self.cfg.batch_size} epochs {p.epoch + 1}..{self.until_epoch} "
                  f"of {self.cfg.epochs}, {self.steps} batches/epoch")
+        self.log("ranks: " + ", ".join(f"{r} on {host} (python {prefix})"
+                                       for r, (host, prefix) in enumerate(self.places)))
+
+    def _gpu_sampler(self) -> GpuSampler | None:
+        if not str(self.s.device).startswith("cuda"):
+            return None
+        read, why = nvml_reader(self.s.device)
+        if read is None:
+            self.log(f"GPU utilisation not sampled ({why}): pip install nvidia-ml-py")
+            return None
+        return GpuSampler(read).start()
 
     def start_epoch(self) -> None:
         """Accumulators start from the checkpointed partial sums: the same float sequence
@@ -356,6 +371,8 @@ class Segment:
         self._hits = torch.tensor(p.correct, dtype=torch.int64, device=self.s.device)
         self._restart_clock()
         self._t_log = time.time()
+        if self.gpu:
+            self.gpu.take()  # this epoch's training only
 
     def _restart_clock(self) -> None:
         self._mark, self._base_s, self._seen0, self._steps0 = (
@@ -430,6 +447,7 @@ class Segment:
         ips_rank = p.seen / p.train_s if p.train_s else 0.0
         sums = s.all_reduce(torch.tensor([p.loss_sum, p.correct, p.seen, ips_rank],
                                          dtype=torch.float64, device=s.reduce_device))
+        gpu = self.gpu.take() if self.gpu else {"gpu_util_pct": None, "gpu_mem_mb": None}
         t_eval = time.perf_counter()
         test_acc = self.evaluate()
         rec = {"epoch": p.epoch + 1, "train_loss": float(sums[0] / sums[2]),
@@ -437,8 +455,9 @@ class Segment:
                "images_per_sec": float(sums[3]), "images_per_sec_per_rank": ips_rank,
                "wall_s": p.train_s, "eval_s": time.perf_counter() - t_eval,
                "lr": self.scheduler.get_last_lr()[0], "world_size": s.world_size,
-               "peak_mem_mb": peak_memory_mb(s.device), "gpu_util_pct": gpu_utilization(s.device),
-               "slurm_job_id": os.environ.get("SLURM_JOB_ID", "")}
+               "peak_mem_mb": peak_memory_mb(s.device), "gpu_util_pct": gpu["gpu_util_pct"],
+               "gpu_mem_mb": gpu["gpu_mem_mb"],
+               "slurm_job_id": os.environ.get("SLURM_JOB_ID", ""), "hosts": self.hosts}
         p.history.append(rec)
         p.epoch, p.step, p.loss_sum, p.correct, p.seen, p.train_s = p.epoch + 1, 0, 0.0, 0, 0, 0.0
         self.log(f"epoch {rec['epoch']}/{self.cfg.epochs} loss {rec['train_loss']:.4f} "
@@ -451,8 +470,11 @@ class Segment:
 
     def finish(self, reason: str | None) -> dict:
         p = self.progress
+        if self.gpu:
+            self.gpu.stop()
         p.segment_runs.append({"segment": self.out_dir.name, "attempt": self.attempt,
                                "stopped": reason, "epoch": p.epoch, "step": p.step,
+                               "requeue": slurm_restarts(), "hosts": self.hosts,
                                "slurm_job_id": os.environ.get("SLURM_JOB_ID", "")})
         if reason:
             # every rank says where it stopped, in one write so lines do not interleave

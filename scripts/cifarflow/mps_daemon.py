@@ -12,7 +12,8 @@ from pathlib import Path
 
 def mps_dirs(environ=os.environ) -> dict:
     """Pipe and log directories inside the job's own tmp dir, never a shared /tmp path."""
-    base = environ.get("SLURM_TMPDIR") or environ.get("TMPDIR") or tempfile.gettempdir()
+    base = (environ.get("SLURM_TMPDIR") or environ.get("CIFARFLOW_SLURM_TMPDIR")  # past the jobstep
+            or environ.get("TMPDIR") or tempfile.gettempdir())
     tag = environ.get("SLURM_JOB_ID") or str(os.getpid())
     return {"CUDA_MPS_PIPE_DIRECTORY": str(Path(base) / f"nvidia-mps-{tag}" / "pipe"),
             "CUDA_MPS_LOG_DIRECTORY": str(Path(base) / f"nvidia-mps-{tag}" / "log")}

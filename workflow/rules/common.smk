@@ -16,6 +16,14 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
     p for p in (str(SCRIPTS), os.environ.get("PYTHONPATH")) if p
 )
 
+# The Slurm jobstep drops SLURM_* (but the job id) from the environment of what it runs.
+# This file is first read inside a job by the jobstep itself, before that: keep the job's
+# values of what the job commands need, once per job.
+if os.environ.get("SLURM_JOB_ID", "") not in ("", os.environ.get("CIFARFLOW_SLURM_JOB_ID")):
+    os.environ["CIFARFLOW_SLURM_JOB_ID"] = os.environ["SLURM_JOB_ID"]
+    for _name in ("SLURM_TMPDIR", "SLURM_RESTART_COUNT"):
+        os.environ[f"CIFARFLOW_{_name}"] = os.environ.get(_name, "")
+
 from cifarflow.plan import build_runs  # noqa: E402  (no torch import: parsing stays fast)
 from cifarflow.strategies import get_strategy  # noqa: E402
 
@@ -33,24 +41,38 @@ PY = f"{PYTHON} -m cifarflow"
 MAX_SEGMENTS = config["segments"]["count"] + config["segments"]["max_extra"]
 
 
-def env_prologue():
-    """Shell lines that give a job its software: the Alliance way is
-    `module load`, a venv in $SLURM_TMPDIR and `pip install --no-index`."""
+def env_prologue(nodes=1):
+    """Shell lines that give a job its software: the Alliance way is `module load`, a venv
+    in $SLURM_TMPDIR and `pip install --no-index` (on every node of a multi-node job)."""
     lines = [f"module load {' '.join(ENV['modules'])}"] if ENV["modules"] else []
-    no_index = "--no-index " if ENV["pip_no_index"] else ""
-    req = shlex.quote(str(Path(workflow.basedir) / ENV["requirements"]))
     if ENV["mode"] == "slurm_tmpdir":
-        # node-local venv of this job (single node: multi-node jobs should use mode venv)
-        lines += ['JOB_VENV="${SLURM_TMPDIR:-$(mktemp -d)}/env"',
-                  'virtualenv --no-download "$JOB_VENV" 2>/dev/null || python -m venv "$JOB_VENV"',
-                  'source "$JOB_VENV/bin/activate"',
-                  f"pip install -q {no_index}-r {req}"]
+        pip = ["--no-index"] if ENV["pip_no_index"] else []
+        pip += ["--find-links", ENV["find_links"]] if ENV["find_links"] else []
+        build = shlex.join([str(Path(workflow.basedir) / "workflow/scripts/node_venv.sh"),
+                            str(Path(workflow.basedir) / ENV["requirements"]), *pip])
+        if nodes > 1:  # one task per node; ranks find the venv at the same path everywhere
+            build = (f"srun --kill-on-bad-exit=1 --nodes={nodes} --ntasks={nodes} "
+                     f"--ntasks-per-node=1 --cpus-per-task=1 {build}")
+        lines += [
+            'export JOB_VENV="${CIFARFLOW_SLURM_TMPDIR:-${TMPDIR:-/tmp}/cifarflow.$SLURM_JOB_ID}/env"',
+            build,
+            'source "$JOB_VENV/bin/activate"',
+        ]
     elif ENV["mode"] == "venv":
         lines += [f"source {shlex.quote(ENV['venv'])}/bin/activate"]
-    return "".join(f"{line}; " for line in lines)
+    return "".join(f"{line} && " for line in lines)
 
 
-PROLOGUE = env_prologue()
+# Every try of a segment keeps its own log beside {log}, which Snakemake empties before a
+# retry: segment-<k>.attempt<n>.log, plus .requeue<r> when Slurm requeued the same job.
+KEEP_ATTEMPT_LOG = (
+    "tee $(L={log}; R=${{CIFARFLOW_SLURM_RESTART_COUNT:-0}}; "
+    "echo ${{L%.log}}.attempt{resources.attempt}$([ $R = 0 ] || echo .requeue$R).log) > {log}"
+)
+
+
+def run_prologue(wildcards):
+    return env_prologue(RUNS[wildcards.run].config.nodes)
 
 
 def slurm_placement():
@@ -67,6 +89,17 @@ def slurm_placement():
 
 
 SLURM_PLACEMENT = slurm_placement()
+
+
+def env_gpu_request():
+    """One GPU of the kind the runs train on, for the environment check; {} if none does."""
+    if not any(run.strategy_class.gpus_per_node(run.config) for run in RUNS.values()):
+        return {}
+    model = config["resources"]["gpu_model"]
+    return {"gres": f"gpu:{model + ':' if model else ''}1", "tasks_per_gpu": 0}
+
+
+ENV_GPU = env_gpu_request()
 
 
 def run_dir(run):

@@ -1,17 +1,21 @@
 # Runs as a job like the training (on a compute node under profiles/slurm), with the
-# same prologue, so it records the software the training really ran with.
+# same prologue, so it records the software the training really ran with. When runs train
+# on cuda it asks for one such GPU and checks torch has kernels for it.
 rule record_environment:
     output:
         info=f"{RESULTS}/environment/environment.json",
         freeze=f"{RESULTS}/environment/pip-freeze.txt",
     params:
         py=PY,
-        prologue=PROLOGUE,
+        prologue=env_prologue(),
+        expect_gpu="--expect-gpu" if ENV_GPU else "",
     log:
         f"{RESULTS}/logs/record_environment.log",
     resources:
         runtime=10,
         mem_mb=2000,
+        **ENV_GPU,
         **SLURM_PLACEMENT,
     shell:
-        "{params.prologue}{params.py} record-env --out {output.info} --freeze {output.freeze} > {log} 2>&1"
+        "{params.prologue}{params.py} record-env --out {output.info} --freeze {output.freeze}"
+        " {params.expect_gpu} > {log} 2>&1"

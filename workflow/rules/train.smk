@@ -32,7 +32,7 @@ for _strategy in config["strategies"]:
             segment=r"\d+",
         params:
             py=PY,
-            prologue=PROLOGUE,
+            prologue=run_prologue,
             args=train_params,
             launch=launch_prefix,
         log:
@@ -44,8 +44,7 @@ for _strategy in config["strategies"]:
             **run_resources(_strategy),
             attempt=lambda wildcards, attempt: attempt,
         shell:
-            # every attempt keeps its own log (Snakemake empties the log before a retry)
-            "L={log}; ({params.prologue}{params.launch} {params.py} train"
+            "({params.prologue}{params.launch} {params.py} train"
             " --spec {input.spec} {params.args} --threads {resources.cpus_per_task}"
             " --budget-min {resources.runtime} --attempt {resources.attempt}) 2>&1"
-            " | tee ${{L%.log}}.attempt{resources.attempt}.log > $L"
+            f" | {KEEP_ATTEMPT_LOG}"

@@ -36,7 +36,11 @@ def require_cuda(strategy: str) -> None:
 
 
 def apply_cuda_switches(cfg) -> None:
+    """Before any CUDA work: cuBLAS reads its workspace setting when it starts."""
     import torch
+
+    if cfg.deterministic:  # reproducible cuBLAS results (else a warning and drift)
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
     torch.backends.cuda.matmul.allow_tf32 = cfg.tf32_matmul
     torch.backends.cudnn.allow_tf32 = cfg.tf32_cudnn
@@ -187,6 +191,16 @@ class Strategy:
 
             dist.all_reduce(tensor, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op])
         return tensor
+
+    def gather_objects(self, obj) -> list:
+        """``obj`` of every rank, in rank order (a small picklable value)."""
+        if self.world_size == 1:
+            return [obj]
+        import torch.distributed as dist
+
+        out = [None] * self.world_size
+        dist.all_gather_object(out, obj)
+        return out
 
     def barrier(self) -> None:
         if self.world_size > 1:

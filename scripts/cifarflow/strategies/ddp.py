@@ -28,6 +28,22 @@ class DistEnv:
     launcher: str
 
 
+def gpu_index(local_rank: int, local_world_size: int, visible: int) -> int:
+    """This rank's GPU: its local rank when the task sees all of the node's GPUs, 0 when
+    Slurm bound one GPU to each task (--gpu-bind, --gpus-per-task)."""
+    if visible >= local_world_size:
+        return local_rank
+    if visible == 1:
+        return 0
+    raise StrategyError(f"{local_world_size} processes on this node but {visible} GPUs visible "
+                        "to each: request one GPU per task (gres gpu:<tasks per node>)")
+
+
+def shared_gpus(gpus: list) -> list[int]:
+    """Ranks whose (host, GPU uuid) another rank also has."""
+    return [r for r, gpu in enumerate(gpus) if gpus.count(gpu) > 1]
+
+
 def first_host(nodelist: str) -> str:
     """First host of a Slurm hostlist such as ``cn[0012-0014,0020],gpu7``."""
     try:
@@ -97,6 +113,7 @@ class DDPStrategy(Strategy):
     name = "ddp"
     config_sections = ("distributed",)
     launched = True
+    gpu_per_rank = True  # two ranks on one GPU is a wrong request (mps shares on purpose)
 
     @classmethod
     def world_size(cls, sections):
@@ -119,17 +136,15 @@ class DDPStrategy(Strategy):
 
         if not self.uses_cuda():
             return "cpu"
-        visible = torch.cuda.device_count()
-        if env.local_world_size > visible:
-            raise StrategyError(f"{env.local_world_size} processes on this node but only {visible} "
-                                "GPU(s) visible: request one GPU per task (tasks_per_node = GPUs)")
+        index = gpu_index(env.local_rank, env.local_world_size, torch.cuda.device_count())
         apply_cuda_switches(self.cfg)
-        torch.cuda.set_device(env.local_rank)
-        return f"cuda:{env.local_rank}"
+        torch.cuda.set_device(index)
+        return f"cuda:{index}"
 
     def setup(self):
         import datetime
 
+        import torch
         import torch.distributed as dist
 
         if self.uses_cuda():
@@ -152,12 +167,19 @@ class DDPStrategy(Strategy):
                                 timeout=datetime.timedelta(seconds=float(
                                     os.environ.get("CIFARFLOW_DIST_TIMEOUT_S", 300))))
         self.backend_name = backend
+        if self.device != "cpu" and self.gpu_per_rank:
+            gpus = self.gather_objects((socket.gethostname(),
+                                        str(torch.cuda.get_device_properties(self.device).uuid)))
+            shared = shared_gpus(gpus)
+            if shared:
+                raise StrategyError(f"ranks {shared} share one GPU: request one GPU per task "
+                                    "(gres gpu:<tasks per node>)")
 
     def wrap(self, model):
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         model = super().wrap(model)
-        ids = [self.local_rank] if str(self.device).startswith("cuda") else None
+        ids = [self.device] if str(self.device).startswith("cuda") else None
         return DDP(model, device_ids=ids)
 
     def describe(self):

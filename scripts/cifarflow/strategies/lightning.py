@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 
 from .base import Strategy
-from .ddp import DDPStrategy
+from .ddp import DDPStrategy, StrategyError
 
 
 class LightningStrategy(DDPStrategy):
@@ -94,6 +94,9 @@ class LightningStrategy(DDPStrategy):
                     self.reason, self.trainer.should_stop = reason, True
 
         plugins = []
+        if cfg.nodes > 1 and "SLURM_PROCID" not in os.environ:
+            raise StrategyError(f"lightning on {cfg.nodes} nodes takes its ranks from srun: "
+                                "run it under Slurm (--profile profiles/slurm)")
         if "SLURM_PROCID" in os.environ:  # srun started the ranks; never requeue by itself
             from lightning.pytorch.plugins.environments import SLURMEnvironment
 

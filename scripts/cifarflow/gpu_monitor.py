@@ -1,0 +1,68 @@
+"""GPU utilisation and memory sampled during training, averaged per epoch.
+
+One reading after an epoch says nothing about the epoch; a background thread reads NVML
+(through torch, which maps CUDA_VISIBLE_DEVICES to the right device) every
+``interval_s`` while the epoch trains. Needs ``nvidia-ml-py``; without NVML the sampler
+says so once and the metrics stay empty."""
+
+from __future__ import annotations
+
+import threading
+from typing import Callable
+
+Reading = tuple[float, float]  # (utilisation %, memory used MB)
+
+
+def nvml_reader(device) -> tuple[Callable[[], Reading] | None, str | None]:
+    """A reader for ``device`` and None, or None and why it cannot be read."""
+    import torch
+
+    def read() -> Reading:
+        return (float(torch.cuda.utilization(device)),
+                torch.cuda.device_memory_used(device) / 2**20)
+
+    try:
+        read()
+    except Exception as exc:  # no nvidia-ml-py, no NVML on this node
+        return None, f"{type(exc).__name__}: {exc}"
+    return read, None
+
+
+class GpuSampler:
+    def __init__(self, read: Callable[[], Reading], interval_s: float = 0.2):
+        self.read, self.interval_s = read, interval_s
+        self._samples: list[Reading] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def sample(self) -> None:
+        reading = self.read()
+        with self._lock:
+            self._samples.append(reading)
+
+    def start(self) -> "GpuSampler":
+        def loop():
+            while not self._stop.wait(self.interval_s):
+                try:
+                    self.sample()
+                except Exception:  # a failed read loses one sample, never the run
+                    pass
+
+        self._thread = threading.Thread(target=loop, name="gpu-sampler", daemon=True)
+        self._thread.start()
+        return self
+
+    def take(self) -> dict:
+        """Mean utilisation and peak memory of the samples since the last take."""
+        with self._lock:
+            samples, self._samples = self._samples, []
+        if not samples:
+            return {"gpu_util_pct": None, "gpu_mem_mb": None, "gpu_samples": 0}
+        return {"gpu_util_pct": sum(u for u, _ in samples) / len(samples),
+                "gpu_mem_mb": max(m for _, m in samples), "gpu_samples": len(samples)}
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join()

@@ -1,0 +1,249 @@
+"""Multi-node runs on the test cluster's nodes n1 and n2 (partition multi), each a slurmd in
+its own network, UTS and mount namespace (tests/slurm/cluster.sh): its own address, hostname
+and node-local /localscratch. Everything goes through --profile profiles/slurm."""
+
+import csv
+import json
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ENV, PY, ROOT, assert_bit_identical, cli, metrics_of, state_of
+from test_slurm import CONFIG, FAST_POLLING, job_state, slurm, submitted
+
+pytestmark = pytest.mark.slurm
+NODES = ["n1", "n2"]
+CLUSTER = ROOT / "tests" / "slurm" / "cluster.sh"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def two_nodes():
+    states = subprocess.run(["sinfo", "-h", "-p", "multi", "-N", "-o", "%N %T"],
+                            capture_output=True, text=True).stdout.split()
+    if states[0::2] != NODES or not all(re.match(r"idle|mix|alloc", s) for s in states[1::2]):
+        pytest.fail(f"nodes n1, n2 not up ({states}): run `bash tests/slurm/cluster.sh start`")
+
+
+def multi_config(tmp_path, **sections) -> Path:
+    path = tmp_path / "multi.yaml"
+    path.write_text(json.dumps({"slurm": {"partition": "multi"}, **sections}))
+    return path
+
+
+def job_nodes(jobid: str) -> tuple[int, str]:
+    show = subprocess.run(["scontrol", "show", "job", jobid], capture_output=True, text=True,
+                          check=True).stdout
+    return (int(re.search(r"NumNodes=(\d+)", show).group(1)),
+            re.search(r"\bNodeList=(\S+)", show).group(1))
+
+
+def train_jobs(text: str) -> list[str]:
+    return [j for rule, ids in submitted(text).items() if rule.startswith("train_") for j in ids]
+
+
+def reference_model(work: Path, run: str, tmp_path: Path, nproc: int) -> dict:
+    """The same spec trained in one go by local processes on this host."""
+    cli("launch", "--nproc", nproc, "--", PY, "-m", "cifarflow", "train",
+        "--spec", work / f"results/runs/{run}/spec.json",
+        "--data", work / "results/data/cifar-10-batches-py", "--out", tmp_path / f"ref-{run}",
+        "--threads", 1, timeout=900)
+    return state_of(tmp_path / f"ref-{run}")["model"]
+
+
+@pytest.fixture(scope="module")
+def one_rank_per_node(tmp_path_factory):
+    work = tmp_path_factory.mktemp("multinode")
+    extra = multi_config(work, strategies=["ddp", "fsdp", "lightning"],
+                         distributed={"world_size": 2, "nodes": 2})
+    out = slurm(work, configfile=[CONFIG, extra])
+    return work, out.stdout + out.stderr
+
+
+def test_each_segment_job_spans_two_nodes(one_rank_per_node):
+    work, text = one_rank_per_node
+    jobs = train_jobs(text)
+    assert len(jobs) == 6  # 3 strategies x 2 segments
+    for jobid in jobs:
+        assert job_state(jobid) == "COMPLETED"
+        assert job_nodes(jobid) == (2, "n[1-2]")
+    assert re.search(r"sbatch call: sbatch .*--nodes=2 .*--ntasks=2", text)
+
+
+def test_metrics_record_the_host_of_every_rank(one_rank_per_node):
+    work, _ = one_rank_per_node
+    rows = {r["run"]: r for r in csv.DictReader(open(work / "results/summary.csv"))}
+    for run in ("ddp", "fsdp", "lightning"):
+        for epoch in metrics_of(work / f"results/runs/{run}/segment-2"):
+            assert epoch["hosts"] == NODES  # rank 0 on n1, rank 1 on n2
+        assert (rows[run]["status"], rows[run]["hosts"], rows[run]["world_size"]) == \
+            ("ok", "n1 n2", "2")
+        log = (work / f"results/logs/train/{run}/segment-2.log").read_text()
+        assert "ranks: 0 on n1" in log and "1 on n2" in log
+
+
+def test_a_run_across_nodes_equals_the_same_run_on_one_host(one_rank_per_node, tmp_path):
+    """Two ddp segments on two nodes (gloo over the nodes' network) give the weights that
+    two local processes training in one go give. (Lightning refuses nodes: 2 outside srun.)"""
+    work, _ = one_rank_per_node
+    assert_bit_identical(state_of(work / "results/runs/ddp/segment-2")["model"],
+                         reference_model(work, "ddp", tmp_path, nproc=2))
+    refused = cli("launch", "--nproc", 2, "--", PY, "-m", "cifarflow", "train", "--spec",
+                  work / "results/runs/lightning/spec.json", "--data",
+                  work / "results/data/cifar-10-batches-py", "--out", tmp_path / "l", check=False)
+    assert "lightning on 2 nodes takes its ranks from srun" in refused.stdout + refused.stderr
+
+
+def test_four_ranks_on_two_nodes(tmp_path):
+    extra = multi_config(tmp_path, strategies=["ddp"], segments={"count": 1},
+                         distributed={"world_size": 4, "nodes": 2})
+    out = slurm(tmp_path, configfile=[CONFIG, extra])
+    text = out.stdout + out.stderr
+    assert re.search(r"sbatch call: sbatch .*--nodes=2 .*--ntasks-per-node=2", text)
+    (jobid,) = train_jobs(text)
+    assert job_nodes(jobid) == (2, "n[1-2]")
+    assert metrics_of(tmp_path / "results/runs/ddp/segment-1")[-1]["hosts"] == \
+        ["n1", "n1", "n2", "n2"]
+
+
+def make_wheelhouse(root: Path) -> Path:
+    """A wheelhouse as on a login node (`pip wheel`), with one small package of ours."""
+    src = root / "probe"
+    (src / "cifarflow_probe").mkdir(parents=True)
+    (src / "cifarflow_probe" / "__init__.py").write_text("VERSION = '0.1'\n")
+    (src / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n'
+        '[project]\nname = "cifarflow-probe"\nversion = "0.1"\n')
+    wheels = root / "wheelhouse"
+    subprocess.run([PY, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                    "--no-index", "-w", str(wheels), str(src)], check=True)
+    return wheels
+
+
+def test_slurm_tmpdir_venv_is_built_on_every_node(tmp_path):
+    """env.mode slurm_tmpdir: each node of the job builds its own venv in its node-local
+    SLURM_TMPDIR from the wheelhouse (--no-index --find-links), before the ranks start; the
+    ranks run that venv's Python. The new venvs hold only the small wheel: the project's
+    packages (torch) come from the project venv through PYTHONPATH."""
+    wheels = make_wheelhouse(tmp_path)
+    (tmp_path / "requirements.txt").write_text("cifarflow-probe==0.1\n")
+    extra = multi_config(tmp_path, strategies=["ddp"], segments={"count": 1},
+                         distributed={"world_size": 2, "nodes": 2},
+                         env={"mode": "slurm_tmpdir", "requirements": str(tmp_path / "requirements.txt"),
+                              "find_links": str(wheels), "pip_no_index": True})
+    site = subprocess.run([PY, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    out = slurm(tmp_path, configfile=[CONFIG, extra],
+                env={"PYTHONPATH": f"{ROOT / 'scripts'}:{site}"})
+    jobid = next(j for j in train_jobs(out.stdout + out.stderr))
+    venv = f"/localscratch/root.{jobid}.0/env"
+    log = (tmp_path / "results/logs/train/ddp/segment-1.log").read_text()
+    for node in NODES:
+        assert re.search(rf"\[env\] {node}: {venv} ready", log), log[:2000]
+    assert f"ranks: 0 on n1 (python {venv}), 1 on n2 (python {venv})" in log
+    assert not Path(venv).exists()  # node-local: never on this host (and removed at job end)
+    freeze = (tmp_path / "results/environment/pip-freeze.txt").read_text()
+    assert "cifarflow-probe==0.1" in freeze  # the environment record ran in such a venv too
+
+
+def test_node_failure_reruns_the_segment_on_the_other_node_and_resumes_exactly(tmp_path):
+    """A two-rank segment runs on one node; once it has an in-segment checkpoint the node
+    loses power (its slurmd and every process on it are killed). Slurm marks the node down,
+    the job reruns on the other node (requeued by Slurm, or retried by the profile) and
+    resumes from the checkpoint; the final weights equal an uninterrupted run's."""
+    extra = multi_config(tmp_path, strategies=["ddp"], segments={"count": 1},
+                         distributed={"world_size": 2, "nodes": 1},
+                         train={"epochs": 10, "batch_size": 20, "checkpoint_interval_s": 0.5})
+    cmd = [str(Path(PY).parent / "snakemake"), "-s", str(ROOT / "Snakefile"), "--directory",
+           str(tmp_path), "--profile", str(ROOT / "profiles/slurm"), *FAST_POLLING,
+           "--configfile", str(CONFIG), str(extra)]
+    proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    work = tmp_path / "results/runs/ddp/work/checkpoint.json"
+    t0, node = time.time(), None
+    try:
+        while time.time() - t0 < 300 and not work.exists():
+            time.sleep(0.5)
+        assert work.exists(), "the segment wrote no in-segment checkpoint"
+        training = subprocess.run(["pgrep", "-f", r"-m cifarflow train --spec results"],
+                                  capture_output=True, text=True).stdout.split()
+        for pid in training:  # nothing moves on until the node is gone
+            Path(f"/proc/{pid}").exists() and subprocess.run(["kill", "-STOP", pid])
+        node = subprocess.run(["squeue", "-h", "-p", "multi", "-t", "R", "-o", "%N"],
+                              capture_output=True, text=True).stdout.strip()
+        assert node in NODES, node
+        subprocess.run(["bash", str(CLUSTER), "kill-node", node], check=True)
+        output = proc.communicate(timeout=900)[0]
+    finally:
+        proc.kill()
+        subprocess.run(["bash", str(CLUSTER), "start"], capture_output=True)
+    assert proc.returncode == 0, output[-3000:]
+    other = next(n for n in NODES if n != node)
+    manifest = json.loads((tmp_path / "results/runs/ddp/segment-1/checkpoint.json").read_text())
+    assert manifest["done"] and manifest["segment_runs"][-1]["hosts"] == [other, other]
+    logs = sorted((tmp_path / "results/logs/train/ddp").glob("segment-1.attempt*.log"))
+    assert len(logs) == 2, logs  # the killed try and the one that finished, each its own
+    assert "resumed from results/runs/ddp/work at epoch" in logs[-1].read_text()
+    assert_bit_identical(state_of(tmp_path / "results/runs/ddp/segment-1")["model"],
+                         reference_model(tmp_path, "ddp", tmp_path, nproc=2))
+
+
+# what each CUDA strategy must ask for, 2 processes of 1000 MB on one node (mps: replicas)
+GPU_REQUESTS = {  # strategy: (sbatch flags, scontrol show job fields)
+    "gpu": (["--gres=gpu:1", "--mem 1000"], ["NumTasks=1", "TresPerNode=gres:gpu:1"]),
+    "ddp": (["--gres=gpu:2", "--mem 2000", "--ntasks-per-node=2"],
+            ["NumTasks=2", "TresPerNode=gres:gpu:2"]),
+    "fsdp": (["--gres=gpu:2", "--mem 2000", "--ntasks-per-node=2"],
+             ["NumTasks=2", "TresPerNode=gres:gpu:2"]),
+    "lightning": (["--gres=gpu:2", "--mem 2000", "--ntasks-per-node=2"],
+                  ["NumTasks=2", "TresPerNode=gres:gpu:2"]),
+    "mps": (["--gres=gpu:1", "--mem 2000", "--ntasks-per-node=2"],
+            ["NumTasks=2", "TresPerNode=gres:gpu:1"]),
+}
+NO_CUDA = {s: f"strategy '{s}' needs a CUDA GPU but none is visible"
+           for s in ("gpu", "ddp", "fsdp", "lightning")}
+NO_CUDA["mps"] = "mps: needs an NVIDIA GPU with MPS, but nvidia-cuda-mps-control not found"
+
+
+def test_cuda_strategies_request_their_gpus_and_fail_in_one_line(tmp_path):
+    """On nodes that advertise (fake) GPUs, every CUDA strategy asks by one rule: GPUs and
+    tasks per node, memory per process x processes per node. Slurm grants it; then each
+    segment stops at its one-line "no CUDA" error (nothing here has CUDA). MPS puts its
+    pipe and log directories in the job's node-local SLURM_TMPDIR."""
+    extra = multi_config(tmp_path, strategies=list(GPU_REQUESTS), segments={"count": 1},
+                         distributed={"world_size": 2, "nodes": 1, "device": "cuda"},
+                         mps={"replicas": 2},
+                         resources={"cpus_per_task": 1, "mem_mb": 1000, "runtime": 10})
+    out = slurm(tmp_path, "--keep-going", "--retries", "0", configfile=[CONFIG, extra],
+                check=False)
+    text = out.stdout + out.stderr
+    assert out.returncode != 0
+    jobs = submitted(text)
+    for strategy, (flags, fields) in GPU_REQUESTS.items():
+        call = next(l for l in text.splitlines()
+                    if "sbatch call" in l and f"rule_train_{strategy}_" in l)
+        for flag in flags:
+            assert f" {flag} " in call, (strategy, flag, call)
+        (jobid,) = set(jobs[f"train_{strategy}"])
+        show = subprocess.run(["scontrol", "show", "job", jobid], capture_output=True,
+                              text=True, check=True).stdout
+        for field in fields:
+            assert field in show, (strategy, field, show)
+        assert job_state(jobid) == "FAILED"
+        log = (tmp_path / f"results/logs/train/{strategy}/segment-1.log").read_text()
+        # besides the launchers' own lines, one line (said by each rank), no traceback
+        said = {l for l in log.splitlines()
+                if not l.startswith(("[launch]", "[mps]", "srun:", "slurmstepd"))}
+        assert len(said) == 1 and NO_CUDA[strategy] in said.pop(), (strategy, log[-2000:])
+    # the environment check asks for one GPU too, and says on its node what is wrong
+    call = next(l for l in text.splitlines() if "sbatch call" in l and "rule_record_env" in l)
+    assert " --gres=gpu:1 " in call
+    env_log = (tmp_path / "results/logs/record_environment.log").read_text()
+    assert re.search(r"record-env: error: runs train on cuda but torch \S+ sees no GPU on n[12] "
+                     r"\(driver: none\)", env_log), env_log
+    mps_log = (tmp_path / "results/logs/train/mps/segment-1.log").read_text()
+    jobid = jobs["train_mps"][0]
+    assert f"CUDA_MPS_PIPE_DIRECTORY=/localscratch/root.{jobid}.0/nvidia-mps-{jobid}/pipe" in mps_log
