@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 DEB_PACKAGES := slurmctld slurmd slurm-client munge iproute2 chromium
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run test test-fast debian-packages dry-run bench slurm-up slurm-down clean
+.PHONY: run test test-fast debian-packages dry-run bench tensorboard slurm-up slurm-down clean
 
 $(STAMP): requirements.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -38,6 +38,9 @@ test-fast: $(STAMP)  ## without the real-Slurm tests
 
 bench: $(STAMP)
 	$(PY) bench/bench.py
+
+tensorboard: $(STAMP)  ## TensorBoard over every run's curves (results/tensorboard/<run>)
+	$(VENV)/bin/tensorboard --logdir results/tensorboard
 
 slurm-up: debian-packages
 	bash tests/slurm/cluster.sh start

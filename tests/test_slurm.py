@@ -216,3 +216,22 @@ def test_ctrl_c_cancels_the_running_segment_and_stops(tmp_path):
     assert job_state(jobid) == "CANCELLED"
     time.sleep(3)
     assert len(workflow_jobs(jobid)) == 2, workflow_jobs(jobid)  # the environment record, this
+
+
+def test_pruned_runs_submit_no_further_jobs(tmp_path):
+    """The pruning sweep through the profile: 8 runs, the better half goes on after
+    segments 1 and 2, so 8 + 4 + 2 segment jobs, and no job for a pruned run's next
+    segment."""
+    out = slurm(tmp_path, configfile=ROOT / "tests" / "configs" / "prune" / "config.yaml")
+    jobs = submitted(out.stdout + out.stderr)
+    per_run = {}
+    for line in re.findall(r"rule_train_cpu_wildcards_(\S+?)_(\d+)\b", out.stdout + out.stderr):
+        per_run.setdefault(line[0], set()).add(int(line[1]))
+    assert len(set(jobs["train_cpu"])) == 14
+    assert sorted(len(s) for s in per_run.values()) == [1, 1, 1, 1, 2, 2, 3, 3]
+    import csv
+
+    rows = {r["run"]: r for r in csv.DictReader(open(tmp_path / "results/summary.csv"))}
+    for run, segments in per_run.items():
+        assert rows[run]["segments"] == str(max(segments))
+        assert rows[run]["status"] == ("ok" if max(segments) == 3 else "pruned")

@@ -9,7 +9,7 @@ COLUMNS = ["run", "strategy", "device", "model", "batch_size", "world_size", "cp
            "epochs",
            "images_per_sec", "images_per_sec_per_core", "train_loss", "test_acc", "wall_s",
            "epoch_s", "peak_mem_mb", "gpu_util_pct", "segments", "attempts", "requeues",
-           "early_stops", "slurm_job_ids", "hosts", "status", "fallbacks"]
+           "early_stops", "slurm_job_ids", "hosts", "status", "pruned_at", "fallbacks"]
 SCALING_KEYS = ("world_size", "replicas")
 
 
@@ -22,6 +22,7 @@ def summarize_run(name: str, run: dict) -> dict:
     row = {"run": name, "strategy": run["strategy"], "device": spec["device"], "model": spec["model"],
            "batch_size": spec["batch_size"], "world_size": spec.get("world_size", 1),
            "cpus_per_task": res.get("cpus_per_task"), "epochs": spec["epochs"],
+           "epochs_planned": spec["epochs"], "planned_segments": run.get("planned_segments"),
            **{f"sweep_{k}": v for k, v in run.get("swept", {}).items()}}
     path = run.get("metrics")
     if not path or not Path(path).is_file():
@@ -54,7 +55,9 @@ def summarize_run(name: str, run: dict) -> dict:
             "gpu_util_pct": sum(util) / len(util) if util else None,
             "segments": run.get("segments"), "slurm_job_ids": " ".join(jobs),
             "hosts": " ".join(hosts),
-            "status": "ok" if last["epoch"] >= spec["epochs"] else "incomplete"}
+            "status": ("pruned" if run.get("pruned_at") else
+                       "ok" if last["epoch"] >= spec["epochs"] else "incomplete"),
+            "pruned_at": run.get("pruned_at"), "cores": cores}
 
 
 def advice(df) -> list[str]:
@@ -84,8 +87,30 @@ def advice(df) -> list[str]:
         if row.gpu_util_pct is not None and row.gpu_util_pct < 50:
             tips.append(f"{row.run} uses the GPU only {row.gpu_util_pct:.0f}% of the time: "
                         "share it with MPS replicas or use a CPU job")
-    for row in df[df.status != "ok"].itertuples():
+    tips += pruning_advice(df)
+    for row in df[~df.status.isin(["ok", "pruned"])].itertuples():
         tips.append(f"{row.run}: {row.status} (see results/logs/train/{row.run}/)")
+    return tips
+
+
+def pruning_advice(df) -> list[str]:
+    """Per strategy with pruned runs: the winner, and the compute the pruning did not spend
+    (the pruned runs' remaining epochs at their own measured epoch time)."""
+    tips = []
+    for strategy, group in df.groupby("strategy"):
+        pruned, finished = group[group.status == "pruned"], group[group.status == "ok"]
+        if pruned.empty:
+            continue
+        left = pruned.epochs_planned - pruned.epochs
+        core_h = (left * pruned.epoch_s * pruned.cores).sum() / 3600
+        segments = int((pruned.planned_segments - pruned.segments).sum())
+        tips.append(f"{strategy}: pruning stopped {len(pruned)} of {len(group)} runs early "
+                    f"(at segments {', '.join(map(str, sorted(set(pruned.pruned_at.astype(int)))))}): "
+                    f"{segments} segments, {int(left.sum())} epochs, ~{core_h:.2g} core-hours "
+                    "not run")
+        if not finished.empty:
+            win = finished.sort_values(["test_acc", "run"], ascending=[False, True]).iloc[0]
+            tips.append(f"{strategy}: winner {win.run}, test accuracy {win.test_acc:.3f}")
     return tips
 
 
@@ -107,53 +132,89 @@ def scaling_table(df):
     return pd.DataFrame(rows)
 
 
+def _axes_style(ax, integer_x: bool = False, zero_y: bool = False, log_y: bool = False) -> None:
+    """Plain numbers (no offset or scientific notation), whole-number epochs, rates from 0;
+    losses on a log axis (a diverged run would flatten all the others)."""
+    from matplotlib.ticker import MaxNLocator, ScalarFormatter
+
+    if log_y:
+        ax.set_yscale("log")
+    else:
+        fmt = ScalarFormatter(useOffset=False)
+        fmt.set_scientific(False)
+        ax.yaxis.set_major_formatter(fmt)
+    if integer_x:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if zero_y:
+        ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+
+
 def plot_all(df, histories: dict, out_dir: Path) -> dict:
+    """PNG plots; pruned runs are drawn dashed and grey-hatched, so they read as stopped."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     paths = {}
-    ok = df[df.status == "ok"]
+    shown = df[df.status.isin(["ok", "pruned"])].iloc[::-1]  # first run at the top
 
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
-    a1.barh(ok.run, ok.images_per_sec, color="tab:blue")
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, max(3, 0.35 * len(shown) + 1.5)))
+    hatch = ["//" if s == "pruned" else "" for s in shown.status]
+    a1.barh(shown.run, shown.images_per_sec, color="tab:blue", hatch=hatch, edgecolor="white")
     a1.set_xlabel("training images / s")
     a1.set_title("throughput")
-    a2.barh(ok.run, ok.test_acc, color="tab:green")
-    a2.set_xlabel("test accuracy")
+    a2.barh(shown.run, shown.test_acc, color="tab:green", hatch=hatch, edgecolor="white")
+    a2.set_xlabel("test accuracy (hatched: pruned)" if "pruned" in set(shown.status)
+                  else "test accuracy")
     a2.set_xlim(0, 1)
     a2.set_title("accuracy")
+    for ax in (a1, a2):
+        ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter(useOffset=False))
+        ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
     paths["throughput"] = out_dir / "throughput_accuracy.png"
     fig.savefig(paths["throughput"], dpi=110)
     plt.close(fig)
 
+    status = dict(zip(df.run, df.status))
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
     for name, hist in histories.items():
+        style = dict(marker="o", label=name)
+        if status.get(name) == "pruned":
+            style.update(linestyle="--", alpha=0.6, label=f"{name} (pruned)")
         epochs = [h["epoch"] for h in hist]
-        axes[0].plot(epochs, [h["train_loss"] for h in hist], marker="o", label=name)
-        axes[1].plot(epochs, [h["test_acc"] for h in hist], marker="o", label=name)
-        axes[2].plot(epochs, [h["wall_s"] for h in hist], marker="o", label=name)
+        axes[0].plot(epochs, [h["train_loss"] for h in hist], **style)
+        axes[1].plot(epochs, [h["test_acc"] for h in hist], **style)
+        axes[2].plot(epochs, [h["wall_s"] for h in hist], **style)
     for ax, title in zip(axes, ["train loss", "test accuracy", "seconds per epoch"]):
         ax.set_title(title)
         ax.set_xlabel("epoch")
+        loss = title == "train loss"
+        _axes_style(ax, integer_x=True, zero_y=not loss, log_y=loss)
     axes[0].legend(fontsize=7)
     fig.tight_layout()
     paths["curves"] = out_dir / "curves.png"
     fig.savefig(paths["curves"], dpi=110)
     plt.close(fig)
 
-    swept = [c for c in df.columns if c.startswith("sweep_")]
+    swept = [c for c in df.columns if c.startswith("sweep_") and df[c].nunique() > 1]
     if swept:
-        fig, axes = plt.subplots(1, len(swept), figsize=(5 * len(swept), 4), squeeze=False)
+        # one line per strategy and combination of the other swept values: nothing averaged
+        fig, axes = plt.subplots(1, len(swept), figsize=(5.5 * len(swept), 4), squeeze=False)
         for ax, col in zip(axes[0], swept):
-            for strategy, g in ok.dropna(subset=[col]).groupby("strategy"):
-                g = g.groupby(col).images_per_sec.mean().sort_index()
-                ax.plot(g.index.astype(str), g.values, marker="o", label=strategy)
+            others = [c for c in swept if c != col]
+            for key, g in shown.dropna(subset=[col]).groupby(["strategy", *others]):
+                key = key if isinstance(key, tuple) else (key,)
+                label = " ".join([str(key[0])] + [f"{c.removeprefix('sweep_')}={v}"
+                                                  for c, v in zip(others, key[1:])])
+                g = g.sort_values(col)
+                ax.plot(g[col].astype(str), g.images_per_sec, marker="o", label=label)
             ax.set_xlabel(col.removeprefix("sweep_"))
-            ax.set_ylabel("images / s")
-            ax.legend()
+            ax.set_ylabel("training images / s")
+            _axes_style(ax, zero_y=True)
+            ax.legend(fontsize=7)
         fig.tight_layout()
         paths["sweep"] = out_dir / "sweep_throughput.png"
         fig.savefig(paths["sweep"], dpi=110)
@@ -165,10 +226,15 @@ def plot_all(df, histories: dict, out_dir: Path) -> dict:
         for strategy, g in scaling.groupby("strategy"):
             a1.plot(g.world_size, g.speedup, marker="o", label=strategy)
             a2.plot(g.world_size, g.efficiency, marker="o", label=strategy)
+        sizes = sorted(scaling.world_size.unique())
+        base = min(sizes)
+        a1.plot(sizes, [s / base for s in sizes], "k:", label="ideal")
+        a2.axhline(1.0, color="k", linestyle=":", label="ideal")
         a1.set_title("speedup")
         a2.set_title("scaling efficiency")
         for ax in (a1, a2):
             ax.set_xlabel("processes (world size / replicas)")
+            _axes_style(ax, integer_x=True, zero_y=True)
             ax.legend()
         fig.tight_layout()
         paths["scaling"] = out_dir / "scaling.png"
@@ -183,7 +249,7 @@ def aggregate(runs: dict, out_dir: Path, plots_dir: Path, keep_missing: bool = F
     out_dir.mkdir(parents=True, exist_ok=True)
     plots_dir.mkdir(parents=True, exist_ok=True)
     rows = [summarize_run(name, run) for name, run in runs.items()]
-    bad = [r["run"] for r in rows if r["status"] != "ok"]
+    bad = [r["run"] for r in rows if r["status"] not in ("ok", "pruned")]
     if bad and not keep_missing:
         raise ValueError(f"runs without complete metrics: {bad} (use --keep-going to "
                          "summarise what finished)")
@@ -192,7 +258,7 @@ def aggregate(runs: dict, out_dir: Path, plots_dir: Path, keep_missing: bool = F
     df = df.reindex(columns=COLUMNS + extra)
     df.to_csv(out_dir / "summary.csv", index=False, float_format="%.6g")
     histories = {r["run"]: load_history(runs[r["run"]]["metrics"])
-                 for r in rows if r["status"] in ("ok", "incomplete")}
+                 for r in rows if r["status"] in ("ok", "incomplete", "pruned")}
     plot_all(df, histories, plots_dir)
     tips = advice(df)
     scaling = scaling_table(df)

@@ -41,7 +41,8 @@ def cmd_train(a) -> None:
     run_training(TrainConfig.read(Path(a.spec)), threads=a.threads, data_dir=Path(a.data),
                  out_dir=Path(a.out), resume_dir=Path(a.resume) if a.resume else None,
                  work_dir=Path(a.work) if a.work else None, until_epoch=a.until_epoch,
-                 budget_min=a.budget_min, start_time=START, attempt=a.attempt)
+                 budget_min=a.budget_min, start_time=START, attempt=a.attempt,
+                 tensorboard_dir=Path(a.tensorboard) if a.tensorboard else None)
 
 
 def cmd_record_env(a) -> None:
@@ -99,6 +100,8 @@ def parser() -> argparse.ArgumentParser:
                    "(the rule's runtime); the spec's budget_s applies if smaller")
     t.add_argument("--threads", type=int, default=0)
     t.add_argument("--attempt", type=int, default=1, help="Snakemake's attempt (retries)")
+    t.add_argument("--tensorboard", default=None, help="the run's TensorBoard directory "
+                   "(rank 0 writes event files there); none: no event files")
     t.set_defaults(func=cmd_train)
 
     r = sub.add_parser("record-env", help="write the software environment")

@@ -18,8 +18,8 @@ SCHEMA = Path(__file__).resolve().parents[2] / "workflow" / "schemas" / "config.
 
 # Fields that change what is trained; a checkpoint refuses to resume if any differs.
 # Performance knobs (threads, loader, workers, compile, logging, segment budget) may change.
-SHAPING_FIELDS = ("strategy", "model", "epochs", "batch_size", "optimizer", "lr", "momentum",
-                  "weight_decay", "scheduler", "warmup_epochs", "seed", "world_size",
+SHAPING_FIELDS = ("strategy", "model", "model_args", "epochs", "batch_size", "optimizer", "lr",
+                  "momentum", "weight_decay", "scheduler", "warmup_epochs", "seed", "world_size",
                   "lr_scaling", "amp", "data_id")
 
 
@@ -62,7 +62,8 @@ class TrainConfig:
 
     run: str
     strategy: str
-    model: str
+    model: str                     # registered name or "package.module:factory"
+    model_args: dict               # keyword arguments of a module:factory model
     epochs: int
     batch_size: int                # per process
     optimizer: str
@@ -111,6 +112,8 @@ class TrainConfig:
              "loader has no workers); set num_workers: 0 or loader: torchvision")
         need(not (self.tf32_matmul and self.device == "cpu"),
              "tf32_matmul applies to CUDA matmuls only and this run trains on cpu")
+        need(not self.model_args or ":" in self.model,
+             f"model_args apply to a module:factory model only; {self.model} takes none")
 
     @classmethod
     def from_dict(cls, d: dict) -> "TrainConfig":

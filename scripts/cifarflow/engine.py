@@ -38,6 +38,9 @@ from .loaders import Split, TensorBatches, TorchvisionBatches, eval_batches
 from .models import build_model
 
 METRICS = "metrics.jsonl"
+# TensorBoard tag -> metrics.jsonl field, written at every epoch's end
+EPOCH_SCALARS = {"train/loss_epoch": "train_loss", "train/acc": "train_acc",
+                 "test/acc": "test_acc", "lr": "lr", "throughput/images_per_sec": "images_per_sec"}
 
 
 # ---- building blocks -------------------------------------------------------------------
@@ -188,7 +191,8 @@ class Segment:
     def __init__(self, cfg: TrainConfig, strategy, data_dir: Path, out_dir: Path,
                  resume_dir: Path | None = None, work_dir: Path | None = None,
                  until_epoch: int | None = None, budget_min: float | None = None,
-                 start_time: float | None = None, attempt: int = 1):
+                 start_time: float | None = None, attempt: int = 1,
+                 tensorboard_dir: Path | None = None):
         self.cfg, self.s = cfg, strategy
         self.data_dir, self.out_dir = Path(data_dir), Path(out_dir)
         self.resume_dir = Path(resume_dir) if resume_dir else None
@@ -201,6 +205,8 @@ class Segment:
         self.progress = Progress()
         self.stop: StopController | None = None
         self.gpu: GpuSampler | None = None  # utilisation samples while training on a GPU
+        self.tensorboard_dir = Path(tensorboard_dir) if tensorboard_dir else None
+        self.board = None  # rank 0's TensorBoard writer, when tensorboard_dir is set
 
     def log(self, msg: str) -> None:
         if self.s.is_main:
@@ -216,14 +222,14 @@ class Segment:
         cfg, s = self.cfg, self.s
         kw = dict(rank=s.rank, world_size=s.world_size, channels_last=cfg.channels_last,
                   device=s.device)
+        self.test_split = self.test_split.to(s.device)  # evaluation gathers on the device
         if cfg.loader == "torchvision":
             return TorchvisionBatches(self.data_dir, self.train_split, cfg.batch_size, cfg.seed,
                                       num_workers=cfg.num_workers, **kw)
-        return TensorBatches(self.train_split, cfg.batch_size, cfg.seed,
-                             pin_memory=str(s.device).startswith("cuda"), **kw)
+        return TensorBatches(self.train_split, cfg.batch_size, cfg.seed, **kw)
 
     def make_model(self):
-        model = build_model(self.cfg.model).to(self.s.device)
+        model = build_model(self.cfg.model, self.cfg.model_args).to(self.s.device)
         if self.cfg.channels_last and self.s.channels_last_params:
             model = model.to(memory_format=torch.channels_last)
         return model
@@ -348,6 +354,7 @@ class Segment:
                                    self.cfg.checkpoint_interval_s)
         self.save_s = 0.0
         self.gpu = self._gpu_sampler()
+        self.board = self._board()
         self.log(f"[{self.cfg.run}] {self.s.describe()} model={self.cfg.model} "
                  f"batch={self.cfg.batch_size} epochs {p.epoch + 1}..{self.until_epoch} "
                  f"of {self.cfg.epochs}, {self.steps} batches/epoch")
@@ -362,6 +369,19 @@ class Segment:
             self.log(f"GPU utilisation not sampled ({why}): pip install nvidia-ml-py")
             return None
         return GpuSampler(read).start()
+
+    def _board(self):
+        """Steps are batches since the start of the run, so segments draw one curve. Steps
+        past this resume point, left by a killed try, are hidden: TensorBoard drops the
+        earlier files' events from purge_step on."""
+        if not (self.tensorboard_dir and self.s.is_main):
+            return None
+        from torch.utils.tensorboard import SummaryWriter
+
+        return SummaryWriter(str(self.tensorboard_dir), purge_step=self.global_step() + 1)
+
+    def global_step(self) -> int:
+        return self.progress.epoch * self.steps + self.progress.step
 
     def start_epoch(self) -> None:
         """Accumulators start from the checkpointed partial sums: the same float sequence
@@ -407,11 +427,14 @@ class Segment:
         p.step += 1
         self._steps0 += 1
         elapsed = time.perf_counter() - self._mark
-        if time.time() - self._t_log >= self.cfg.log_interval_s:
+        log_now = time.time() - self._t_log >= self.cfg.log_interval_s
+        if log_now:
             self._t_log = time.time()
             self.log(f"  epoch {p.epoch + 1}/{self.cfg.epochs} batch {p.step}/{self.steps} "
                      f"loss {loss.item():.4f} "
                      f"{(p.seen - self._seen0) * self.s.world_size / elapsed:,.0f} img/s")
+        if self.board and (log_now or p.step >= self.steps):
+            self.board.add_scalar("train/loss", loss.item(), self.global_step())
         if p.step >= self.steps:
             return None  # the epoch's end decides
         return self._decide(elapsed / self._steps0 + self.save_s)
@@ -423,6 +446,8 @@ class Segment:
         if save:
             self.save_s = self.save(self.work_dir)
             self.stop.saved()
+            if self.board:
+                self.board.flush()  # a killed try's curve reaches the point it resumes from
             self._restart_clock()
         return reason
 
@@ -460,6 +485,9 @@ class Segment:
                "slurm_job_id": os.environ.get("SLURM_JOB_ID", ""), "hosts": self.hosts}
         p.history.append(rec)
         p.epoch, p.step, p.loss_sum, p.correct, p.seen, p.train_s = p.epoch + 1, 0, 0.0, 0, 0, 0.0
+        if self.board:
+            for tag, key in EPOCH_SCALARS.items():
+                self.board.add_scalar(tag, rec[key], self.global_step())
         self.log(f"epoch {rec['epoch']}/{self.cfg.epochs} loss {rec['train_loss']:.4f} "
                  f"train_acc {rec['train_acc']:.3f} test_acc {rec['test_acc']:.3f} "
                  f"{rec['images_per_sec']:,.0f} img/s ({rec['wall_s']:.1f} s)")
@@ -472,6 +500,8 @@ class Segment:
         p = self.progress
         if self.gpu:
             self.gpu.stop()
+        if self.board:
+            self.board.close()
         p.segment_runs.append({"segment": self.out_dir.name, "attempt": self.attempt,
                                "stopped": reason, "epoch": p.epoch, "step": p.step,
                                "requeue": slurm_restarts(), "hosts": self.hosts,

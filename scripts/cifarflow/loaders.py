@@ -2,7 +2,8 @@
 
 Two interchangeable paths that visit images in the same order:
 
-* ``tensor`` (default): the whole uint8 split held in memory, each batch gathered,
+* ``tensor`` (default): the whole uint8 split held in memory (on a GPU: in GPU memory,
+  150 MB for CIFAR-10's training split, so no batch crosses PCIe), each batch gathered,
   cast and normalised in one vectorised step, optionally channels_last.
 * ``torchvision``: the seed's path, ``CIFAR10`` + ``ToTensor``/``Normalize`` per image
   through a ``DataLoader`` with ``num_workers``, kept for comparison.
@@ -53,6 +54,9 @@ class Split:
     def __len__(self) -> int:
         return len(self.labels)
 
+    def to(self, device) -> "Split":
+        return Split(self.images.to(device), self.labels.to(device))
+
 
 def normalize(batch_u8: torch.Tensor, channels_last: bool) -> torch.Tensor:
     x = batch_u8.float().mul_(1.0 / (255.0 * STD)).sub_(MEAN / STD)
@@ -62,14 +66,16 @@ def normalize(batch_u8: torch.Tensor, channels_last: bool) -> torch.Tensor:
 class TensorBatches:
     """Yields (images, labels) batches of one epoch, starting at batch ``start``."""
 
+    on_device = True  # the split is copied to the device once; batches are gathered there
+
     def __init__(self, split: Split, batch_size: int, seed: int, rank: int = 0,
                  world_size: int = 1, channels_last: bool = True, device: str = "cpu",
-                 shuffle: bool = True, pin_memory: bool = False):
+                 shuffle: bool = True):
         self.split, self.batch_size, self.seed = split, batch_size, seed
         self.rank, self.world_size = rank, world_size
         self.channels_last, self.device, self.shuffle = channels_last, device, shuffle
-        if pin_memory:
-            self.split = Split(split.images.pin_memory(), split.labels.pin_memory())
+        if self.on_device:
+            self.split = split.to(device)
 
     def indices(self, epoch: int) -> torch.Tensor:
         return shard(epoch_order(len(self.split), self.seed, epoch, self.shuffle),
@@ -79,14 +85,11 @@ class TensorBatches:
         return math.ceil(math.ceil(len(self.split) / self.world_size) / self.batch_size)
 
     def epoch(self, epoch: int, start: int = 0):
-        idx = self.indices(epoch)
+        idx = self.indices(epoch).to(self.split.images.device)
         for b in range(start, len(self)):
             sel = idx[b * self.batch_size:(b + 1) * self.batch_size]
             x = self.split.images.index_select(0, sel)
             y = self.split.labels.index_select(0, sel)
-            if self.device != "cpu":
-                x = x.to(self.device, non_blocking=True)
-                y = y.to(self.device, non_blocking=True)
             yield normalize(x, self.channels_last), y
 
 
@@ -124,6 +127,8 @@ def verified_cifar10(batches_dir: Path, train: bool, transform):
 class TorchvisionBatches(TensorBatches):
     """The seed's per-image transform pipeline, same order as TensorBatches."""
 
+    on_device = False  # its DataLoader reads the files; the split gives the length only
+
     def __init__(self, batches_dir: Path, split: Split, batch_size: int, seed: int,
                  num_workers: int = 0, train: bool = True, **kw):
         super().__init__(split, batch_size, seed, **kw)
@@ -156,10 +161,10 @@ def eval_batches(split: Split, batch_size: int, rank: int, world_size: int,
     n = len(split)
     total = math.ceil(n / world_size) * world_size
     positions = torch.arange(total)[rank::world_size]
-    valid = positions < n
-    idx = positions % n
+    valid = (positions < n).to(device)
+    idx = (positions % n).to(split.images.device)
     for b in range(0, len(idx), batch_size):
         sel = idx[b:b + batch_size]
         x = split.images.index_select(0, sel).to(device, non_blocking=True)
         y = split.labels.index_select(0, sel).to(device, non_blocking=True)
-        yield normalize(x, channels_last), y, valid[b:b + batch_size].to(device)
+        yield normalize(x, channels_last), y, valid[b:b + batch_size]

@@ -1,7 +1,15 @@
-"""Model registry: ``build_model(name)``; add a model with ``@register("name")``."""
+"""Models: the registry (add one with ``@register("name")``) and your own, named
+``"package.module:factory"``. ``build_model(name, args)`` builds either kind;
+``check_model(name, args)`` is the planner's test of a model, so a broken one fails in
+``snakemake -n`` rather than on a compute node."""
 
 from __future__ import annotations
 
+import functools
+import importlib
+import json
+import os
+import sys
 from typing import Callable
 
 import torch
@@ -18,11 +26,73 @@ def register(name: str):
     return deco
 
 
-def build_model(name: str) -> nn.Module:
+def build_model(name: str, args: dict | None = None) -> nn.Module:
+    """A registered model, or a user's ``"package.module:factory"`` called with ``args``."""
+    return model_factory(name)(**(args or {}))
+
+
+def model_factory(name: str) -> Callable[..., nn.Module]:
+    if ":" not in name:
+        try:
+            return MODELS[name]
+        except KeyError:
+            raise ValueError(f"unknown model {name!r}; known: {', '.join(sorted(MODELS))}, "
+                             "or your own as package.module:factory") from None
+    module_name, _, attr = name.partition(":")
+    cwd = os.getcwd()  # the workflow's directory, where a job starts
+    if cwd not in sys.path:
+        sys.path.append(cwd)  # after installed packages: a local directory shadows none
     try:
-        return MODELS[name]()
-    except KeyError:
-        raise ValueError(f"unknown model {name!r}; known: {', '.join(sorted(MODELS))}") from None
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        raise ValueError(f"train.model {name!r}: cannot import {module_name} "
+                         f"({one_line(exc)}); put it under {cwd} (the workflow's directory) "
+                         "or install it") from None
+    path = getattr(module, "__file__", None)  # None for a namespace package
+    where = f"{module_name} ({path})" if path else module_name
+    if not hasattr(module, attr):
+        raise ValueError(f"train.model {name!r}: {where} has no attribute {attr!r}")
+    factory = getattr(module, attr)
+    if not callable(factory):
+        raise ValueError(f"train.model {name!r}: {module_name}.{attr} is not callable "
+                         f"({type(factory).__name__}); name the function or class that "
+                         "returns the model")
+    return factory
+
+
+def check_model(name: str, args: dict | None = None) -> None:
+    """Build the model on CPU and run a forward pass on a (2, 3, 32, 32) batch of zeros,
+    which must give (2, 10) logits. Any failure is one ValueError line."""
+    _check_model(name, json.dumps(args or {}, sort_keys=True))
+
+
+@functools.cache  # the planner asks once per run; a sweep repeats the same model
+def _check_model(name: str, args_json: str) -> None:
+    args = json.loads(args_json)
+    call = f"{name}(**{args})" if args else f"{name}()"
+    factory = model_factory(name)
+    try:
+        model = factory(**args)
+    except Exception as exc:
+        raise ValueError(f"train.model {call} failed: {one_line(exc)}") from None
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"train.model {call} returned {type(model).__name__}, "
+                         "not a torch.nn.Module")
+    try:
+        with torch.no_grad():
+            out = model.eval()(torch.zeros(2, 3, 32, 32))
+    except Exception as exc:
+        raise ValueError(f"train.model {call}: forward pass on a (2, 3, 32, 32) batch failed: "
+                         f"{one_line(exc)}") from None
+    shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+    if shape != (2, 10):
+        raise ValueError(f"train.model {call} maps a (2, 3, 32, 32) batch to {shape}; CIFAR-10 "
+                         "needs (2, 10), one logit per class")
+
+
+def one_line(exc: BaseException) -> str:
+    first = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {first[0]}" if first else type(exc).__name__
 
 
 @register("lenet")
@@ -63,7 +133,8 @@ def resnet18() -> nn.Module:
 
 
 def shard_units(model: nn.Module) -> list[nn.Module]:
-    """The blocks FSDP shards one by one (the root is sharded last)."""
+    """The blocks FSDP shards one by one (the root is sharded last): the model's own
+    ``shard_units()``, else a ResNet's layer1..4, else none (the model is one unit)."""
     if hasattr(model, "shard_units"):
         return model.shard_units()
     return [m for name in ("layer1", "layer2", "layer3", "layer4")

@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass, field
 
 from .config import TrainConfig, data_identity
+from .prune import check_prune
 from .strategies import Strategy, get_strategy, registered
 
 # sweep key -> (short name in run names, config section it overrides). A key of a section
@@ -61,6 +62,8 @@ def segment_targets(epochs: int, count: int) -> list[int]:
 
 def _label(key: str, value) -> str:
     short = SWEEP_KEYS[key][0]
+    if key == "model" and ":" in str(value):
+        value = str(value).split(":")[1]  # package.module:factory -> factory
     text = str(value).replace(".", "p").replace("-", "m")
     return f"{short}{text}" if short else text
 
@@ -100,14 +103,27 @@ def build_runs(config: dict) -> dict[str, Run]:
     if unknown:
         raise ValueError(f"unknown strateg{'y' if len(unknown) == 1 else 'ies'} "
                          f"{', '.join(map(repr, unknown))}; known: {', '.join(sorted(registered()))}")
-    unknown = sorted(set(config.get("sweep") or {}) - set(SWEEP_KEYS))
+    sweep = dict(config.get("sweep") or {})
+    check_prune(sweep.pop("prune", None),
+                min(int(config["segments"]["count"]), int(config["train"]["epochs"])))
+    unknown = sorted(set(sweep) - set(SWEEP_KEYS))
     if unknown:
         raise ValueError(f"sweep: unknown key(s) {unknown}; sweepable: {sorted(SWEEP_KEYS)}")
     runs: dict[str, Run] = {}
     for strategy in config["strategies"]:
-        for swept in sweep_combos(get_strategy(strategy), config.get("sweep") or {}):
+        for swept in sweep_combos(get_strategy(strategy), sweep):
             run = plan_run(strategy, config, swept)
             runs[run.name] = run
     if not runs:
         raise ValueError("no runs: 'strategies' is empty")
     return runs
+
+
+def check_user_models(runs) -> None:
+    """Import, build and try every ``package.module:factory`` model (imports torch: only
+    where a config names such a model; check_model remembers what it checked)."""
+    for run in runs:
+        if ":" in run.config.model:
+            from .models import check_model
+
+            check_model(run.config.model, run.config.model_args)

@@ -1,3 +1,4 @@
+import functools
 import json
 import os
 import re
@@ -5,6 +6,8 @@ import shlex
 import sys
 from pathlib import Path
 
+from snakemake.exceptions import IncompleteCheckpointException
+from snakemake.logging import logger
 from snakemake.utils import validate
 
 validate(config, schema="../schemas/config.schema.yaml")
@@ -24,13 +27,22 @@ if os.environ.get("SLURM_JOB_ID", "") not in ("", os.environ.get("CIFARFLOW_SLUR
     for _name in ("SLURM_TMPDIR", "SLURM_RESTART_COUNT"):
         os.environ[f"CIFARFLOW_{_name}"] = os.environ.get(_name, "")
 
-from cifarflow.plan import build_runs  # noqa: E402  (no torch import: parsing stays fast)
+from cifarflow.plan import build_runs, check_user_models  # noqa: E402  (no torch import)
+from cifarflow.prune import prune_mode, survivors  # noqa: E402
 from cifarflow.strategies import get_strategy  # noqa: E402
 
 try:
     RUNS = build_runs(config)
+    if workflow.is_main_process:  # not again in every job: it imports torch (seconds)
+        check_user_models(RUNS.values())
 except ValueError as exc:
     raise WorkflowError(f"config error: {exc}")
+
+PRUNE = config["sweep"].get("prune")
+if PRUNE and workflow.is_main_process:
+    logger.info(f"sweep.prune: the runs of each strategy are ranked on {PRUNE['metric']} after "
+                f"segment(s) {', '.join(map(str, sorted(PRUNE['at_segments'])))}; the segments "
+                "after a pruning point depend on that ranking and join the plan once it is known")
 
 RESULTS = config["results"]
 DATA_DIR = f"{RESULTS}/data"
@@ -129,7 +141,8 @@ def train_params(wildcards):
     run = RUNS[wildcards.run]
     k = int(wildcards.segment)
     args = ["--data", BATCHES, "--out", segment_dir(run.name, k),
-            "--work", f"{run_dir(run.name)}/work", "--until-epoch", str(run.until_epoch(k))]
+            "--work", f"{run_dir(run.name)}/work", "--until-epoch", str(run.until_epoch(k)),
+            "--tensorboard", f"{RESULTS}/tensorboard/{run.name}"]
     if k > 1:
         args += ["--resume", segment_dir(run.name, k - 1)]
     return " ".join(shlex.quote(a) for a in args)
@@ -156,14 +169,48 @@ def run_resources(strategy):
     return res
 
 
-def final_segment(run):
-    """Walk the chain: the planned last segment, plus extra ones while a segment stopped
-    early (time budget or signal). Each is a Snakemake checkpoint, so the DAG is
-    re-evaluated after it and grows only when needed."""
+def segment_output(run, k):
+    """Segment k of a run: an IncompleteCheckpointException until it has run."""
     train_rule = getattr(checkpoints, f"train_{RUNS[run].strategy}")
+    return train_rule.get(run=run, segment=k).output.ckpt
+
+
+def last_epoch(segment, metric):
+    lines = (Path(segment) / "metrics.jsonl").read_text().splitlines()
+    return json.loads(lines[-1]).get(metric) if lines else None
+
+
+@functools.cache  # computed once every segment it needs exists: then it cannot change
+def alive_after(strategy, point):
+    """Runs of a strategy that go on after segment `point`: successive halving at each
+    pruning point up to it, a barrier across the runs still alive there."""
+    alive = runs_of(strategy)
+    for p in sorted(k for k in PRUNE["at_segments"] if k <= point):
+        scores = {run: last_epoch(segment_output(run, p), PRUNE["metric"]) for run in alive}
+        alive = survivors(scores, prune_mode(PRUNE), PRUNE["keep"], PRUNE["min_runs"])
+    return tuple(alive)
+
+
+def pruned_at(run):
+    """The segment after which the run was pruned, or None."""
+    for point in sorted(PRUNE["at_segments"]) if PRUNE else []:
+        segment_output(run, point)  # its own first, so all alive runs train it at once
+        if run not in alive_after(RUNS[run].strategy, point):
+            return point
+    return None
+
+
+def final_segment(run):
+    """Walk the chain: up to each pruning point (where the run may stop), then the planned
+    last segment, plus extra ones while a segment stopped early (time budget or signal).
+    Each is a Snakemake checkpoint, so the DAG is re-evaluated after it and grows only when
+    needed."""
+    cut = pruned_at(run)
+    if cut is not None:
+        return segment_output(run, cut)
     k = len(RUNS[run].segment_epochs)
     while True:
-        out = train_rule.get(run=run, segment=k).output.ckpt
+        out = segment_output(run, k)
         manifest = json.loads((Path(out) / "checkpoint.json").read_text())
         if manifest["done"]:
             return out
@@ -206,6 +253,14 @@ def existing_metrics():
     return found
 
 
+def known_pruned_at(run):
+    """pruned_at, or None while the ranking is not known yet (partial summaries)."""
+    try:
+        return pruned_at(run)
+    except IncompleteCheckpointException:
+        return None
+
+
 def runs_json(metrics):
     """What aggregation needs to know about each run, metrics path included."""
     return json.dumps(
@@ -217,6 +272,8 @@ def runs_json(metrics):
                 "resources": run.resources,
                 "segments": segment_number(metrics.get(name, "")),
                 "metrics": metrics.get(name),
+                "pruned_at": known_pruned_at(name),
+                "planned_segments": len(run.segment_epochs),
             }
             for name, run in RUNS.items()
         }

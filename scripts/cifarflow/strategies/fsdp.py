@@ -20,7 +20,11 @@ class FSDPStrategy(DDPStrategy):
         # explicit mesh: with gloo on a machine that has CUDA the default mesh would pick CUDA
         mesh = init_device_mesh("cuda" if str(self.device).startswith("cuda") else "cpu",
                                 (self.world_size,))
-        for unit in shard_units(self.unwrap(model)):
+        units = shard_units(self.unwrap(model))
+        if not units and self.is_main:
+            print(f"[{self.name}] {self.cfg.model} has no shard_units() and no layer1..4: sharded "
+                  "as one unit (give it shard_units() to shard block by block)", flush=True)
+        for unit in units:
             fully_shard(unit, mesh=mesh)
         fully_shard(self.unwrap(model), mesh=mesh)
         return model

@@ -1,0 +1,110 @@
+"""Successive halving between segments (sweep.prune): the ranking, the plan-time
+refusals, and a real sweep through snakemake."""
+
+import csv
+import json
+import math
+import re
+
+import pytest
+
+from conftest import ROOT, assert_bit_identical, cli, snakemake, state_of
+from cifarflow.prune import check_prune, survivors
+
+
+def test_the_best_fraction_goes_on_ties_by_name_and_diverged_runs_last():
+    scores = {"a": 0.5, "b": 0.7, "c": None, "d": math.nan, "e": 0.7, "f": 0.1}
+    assert survivors(scores, "max", keep=0.5, min_runs=1) == ["b", "e", "a"]
+    assert survivors(scores, "min", keep=0.33, min_runs=1) == ["f", "a"]  # ceil(6 x 0.33)
+    assert survivors(scores, "max", keep=0.1, min_runs=2) == ["b", "e"]  # never fewer
+    assert survivors({"a": 1.0}, "max", keep=0.5, min_runs=1) == ["a"]
+    assert survivors({"x": None, "y": None}, "max", keep=0.5, min_runs=1) == ["x"]
+
+
+@pytest.mark.parametrize("prune, message", [
+    ({"metric": "test_acc", "keep": 0, "at_segments": [1]}, "keep 0 must be between 0 and 1"),
+    ({"metric": "test_acc", "keep": 1, "at_segments": [1]}, "keep 1 must be between 0 and 1"),
+    ({"metric": "test_acc", "keep": 0.5, "at_segments": [3]}, "at_segments [3]: a pruning point"),
+    ({"metric": "accuracy", "keep": 0.5, "at_segments": [1]}, "metric 'accuracy' unknown"),
+])
+def test_invalid_prune_settings_are_refused(prune, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        check_prune(prune, segments=3)
+
+
+
+CONFIG = ROOT / "tests" / "configs" / "prune" / "config.yaml"
+
+
+def rows_of(work):
+    return {r["run"]: r for r in csv.DictReader(open(work / "results/summary.csv"))}
+
+
+def last_test_acc(work, run, segment):
+    lines = (work / f"results/runs/{run}/segment-{segment}/metrics.jsonl").read_text().splitlines()
+    return json.loads(lines[-1])["test_acc"]
+
+
+@pytest.fixture(scope="module")
+def pruned_sweep(tmp_path_factory):
+    work = tmp_path_factory.mktemp("prune")
+    dry = snakemake(work, "-n", configfile=CONFIG)
+    out = snakemake(work, "--cores", 2, configfile=CONFIG)
+    return work, dry.stdout + dry.stderr, out.stdout + out.stderr
+
+
+def test_dry_run_plans_up_to_the_first_pruning_point(pruned_sweep):
+    _, dry, _ = pruned_sweep
+    assert "ranked on test_acc after segment(s) 1, 2" in dry
+    assert "segment=1" in dry and "segment=2" not in dry and "segment=3" not in dry
+
+
+def test_each_pruning_point_keeps_the_better_half(pruned_sweep):
+    work, _, _ = pruned_sweep
+    rows = rows_of(work)
+    runs = sorted(rows)
+    assert len(runs) == 8
+    reached = {run: max(int(p.name.split("-")[1]) for p in
+                        (work / f"results/runs/{run}").glob("segment-*")) for run in runs}
+    assert sorted(reached.values()) == [1, 1, 1, 1, 2, 2, 3, 3]  # 8 -> 4 -> 2
+    for point, alive in ((1, runs), (2, [r for r in runs if reached[r] >= 2])):
+        going_on = [r for r in alive if reached[r] > point]
+        stopped = [r for r in alive if reached[r] == point]
+        assert min(last_test_acc(work, r, point) for r in going_on) >= \
+            max(last_test_acc(work, r, point) for r in stopped)
+        for r in stopped:
+            assert (rows[r]["status"], rows[r]["pruned_at"], rows[r]["segments"]) == \
+                ("pruned", str(point), str(point))
+    for r in (r for r in runs if reached[r] == 3):
+        assert (rows[r]["status"], rows[r]["segments"], rows[r]["epochs"]) == ("ok", "3", "3")
+    advice = (work / "results/advice.md").read_text()
+    assert "cpu: pruning stopped 6 of 8 runs early (at segments 1, 2): 10 segments, 10 epochs" in advice
+    best = min((r for r in runs if reached[r] == 3), key=lambda r: (-float(rows[r]["test_acc"]), r))
+    assert f"cpu: winner {best}," in advice
+
+
+def test_the_winner_is_bit_identical_to_the_same_run_without_pruning(pruned_sweep, tmp_path):
+    work, _, _ = pruned_sweep
+    rows = rows_of(work)
+    winner = min((r for r in rows if rows[r]["status"] == "ok"),
+                 key=lambda r: (-float(rows[r]["test_acc"]), r))
+    cli("train", "--spec", work / f"results/runs/{winner}/spec.json", "--data",
+        work / "results/data/cifar-10-batches-py", "--out", tmp_path / "whole", "--threads", 1)
+    assert_bit_identical(state_of(work / f"results/runs/{winner}/segment-3")["model"],
+                         state_of(tmp_path / "whole")["model"])
+
+
+def test_without_pruning_a_pruned_run_resumes_to_the_end(pruned_sweep, tmp_path):
+    work, _, _ = pruned_sweep
+    rows = rows_of(work)
+    pruned = sorted(r for r in rows if rows[r]["pruned_at"] == "1")[0]
+    unpruned = tmp_path / "unpruned.yaml"
+    unpruned.write_text("".join(l for l in CONFIG.read_text().splitlines(keepends=True)
+                                if "prune:" not in l))
+    # a finished summary is not re-planned by itself: ask for it again
+    snakemake(work, "--cores", 2, "--forcerun", "aggregate_results", configfile=unpruned)
+    rows = rows_of(work)
+    assert (rows[pruned]["status"], rows[pruned]["epochs"], rows[pruned]["pruned_at"]) == \
+        ("ok", "3", "")
+    log = (work / f"results/logs/train/{pruned}/segment-2.log").read_text()
+    assert f"resumed from results/runs/{pruned}/segment-1 at epoch 2, batch 0" in log
