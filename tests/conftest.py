@@ -50,7 +50,7 @@ def cli(*args, check=True, timeout=600, env=None, **kw) -> subprocess.CompletedP
 
 
 DISTRIBUTED_KEYS = ("world_size", "nodes", "device", "backend", "lr_scaling")
-SEGMENT_KEYS = ("budget_s", "margin_s")
+SEGMENT_KEYS = ("budget_s", "margin_s", "elastic")
 SPECS = Path(tempfile.mkdtemp(prefix="cifarflow-specs-"))
 
 

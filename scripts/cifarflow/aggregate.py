@@ -9,7 +9,8 @@ COLUMNS = ["run", "strategy", "device", "model", "batch_size", "world_size", "cp
            "epochs",
            "images_per_sec", "images_per_sec_per_core", "train_loss", "test_acc", "wall_s",
            "epoch_s", "peak_mem_mb", "gpu_util_pct", "segments", "attempts", "requeues",
-           "early_stops", "slurm_job_ids", "hosts", "status", "pruned_at", "fallbacks"]
+           "early_stops", "slurm_job_ids", "hosts", "status", "pruned_at", "resized",
+           "fallbacks"]
 SCALING_KEYS = ("world_size", "replicas")
 
 
@@ -31,6 +32,9 @@ def summarize_run(name: str, run: dict) -> dict:
     manifest = Path(path).with_name("checkpoint.json")
     meta = json.loads(manifest.read_text()) if manifest.is_file() else {}
     row["fallbacks"] = " | ".join(meta.get("events", []))
+    # elastic world-size changes: the run is no longer bit-exact from there
+    row["resized"] = " ".join(f"{r['from']}->{r['to']}@epoch{r['epoch'] + 1}"
+                              for r in meta.get("resizes", []))
     attempts, requeues = {}, {}  # segment -> its last attempt / Slurm requeue of the job
     for r in meta.get("segment_runs", []):
         attempts[r["segment"]] = max(attempts.get(r["segment"], 0), r["attempt"])

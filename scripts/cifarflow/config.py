@@ -92,6 +92,7 @@ class TrainConfig:
     data_id: str
     margin_s: float                # segment stops at min(0.8 T, T - margin)
     budget_s: float                # 0: the job's runtime is the budget
+    elastic: bool                  # may resume on another world size at an epoch boundary
 
     def __post_init__(self):
         def need(cond, msg):

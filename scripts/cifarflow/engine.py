@@ -24,6 +24,7 @@ import signal
 import socket
 import sys
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -179,12 +180,17 @@ class Progress:
     history: list = field(default_factory=list)
     events: list = field(default_factory=list)  # logged fallbacks, carried to summary.csv
     segment_runs: list = field(default_factory=list)  # each segment attempt that got to its end
+    resizes: list = field(default_factory=list)  # elastic world-size changes: epoch, from, to
 
 
 def slurm_restarts() -> int:
     """How often Slurm requeued this job (the workflow passes it on past the jobstep)."""
     return int(os.environ.get("SLURM_RESTART_COUNT")
                or os.environ.get("CIFARFLOW_SLURM_RESTART_COUNT") or 0)
+
+
+class MidEpochResize(ckpt.CheckpointError):
+    """An elastic run met a checkpoint of another world size taken inside an epoch."""
 
 
 class Segment:
@@ -204,6 +210,7 @@ class Segment:
         self.checkpointer = strategy.checkpointer()
         self.progress = Progress()
         self.stop: StopController | None = None
+        self.resized_from: int | None = None  # rank 0: world size of the chosen checkpoint
         self.gpu: GpuSampler | None = None  # utilisation samples while training on a GPU
         self.tensorboard_dir = Path(tensorboard_dir) if tensorboard_dir else None
         self.board = None  # rank 0's TensorBoard writer, when tensorboard_dir is set
@@ -265,7 +272,7 @@ class Segment:
                 "epochs": self.cfg.epochs, "until_epoch": self.until_epoch,
                 "done": p.epoch >= self.cfg.epochs, "segment_reached_target":
                 p.epoch >= self.until_epoch, "world_size": self.s.world_size,
-                "events": p.events, "segment_runs": p.segment_runs,
+                "events": p.events, "segment_runs": p.segment_runs, "resizes": p.resizes,
                 "slurm_job_id": os.environ.get("SLURM_JOB_ID", "")}
 
     def save(self, directory: Path) -> float:
@@ -274,14 +281,25 @@ class Segment:
         self.checkpointer.save(directory, self.state(), self.meta(), {METRICS: history})
         return time.perf_counter() - t0
 
-    def check_compatible(self, manifest: dict, directory: Path, what: str) -> None:
+    def check_compatible(self, manifest: dict, directory: Path, what: str) -> int | None:
+        """None if the checkpoint's config is this one; the checkpoint's world size if only
+        that changed and the run is elastic; else a CheckpointError."""
         if manifest.get("config_hash") == self.cfg.shaping_hash():
-            return
+            return None
         diff = self.cfg.shaping_diff(manifest.get("config", {}))
+        if set(diff) == {"world_size"} and self.cfg.elastic:
+            if manifest["step"]:
+                raise MidEpochResize(
+                    f"{directory} stopped inside epoch {manifest['epoch'] + 1}: a run changes "
+                    f"world size ({diff['world_size'][0]} -> {self.cfg.world_size}) at an "
+                    "epoch boundary only; finish that epoch on the old world size first")
+            return diff["world_size"][0]
         changes = ", ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in diff.items())
+        hint = ("; or set segments.elastic: true to go on with the new world size (the run is "
+                "then no longer bit-exact)" if set(diff) == {"world_size"} else "")
         raise ckpt.CheckpointError(
             f"refusing to resume from {directory}: the training config changed ({changes}). "
-            f"Restore the config, or delete {what} to train this run afresh")
+            f"Restore the config, or delete {what} to train this run afresh{hint}")
 
     def _pick(self) -> tuple[Path | None, list[str]]:
         """Rank 0: the furthest usable checkpoint of this run, and what was set aside."""
@@ -292,8 +310,8 @@ class Segment:
                 raise ckpt.CheckpointError(f"previous segment checkpoint {self.resume_dir} is "
                                            "missing; rerun snakemake to retrain it")
             m = ckpt.read_manifest(self.resume_dir)
-            self.check_compatible(m, self.resume_dir, run_dir)
-            found.append(((m["epoch"], m["step"]), 1, self.resume_dir))
+            resized = self.check_compatible(m, self.resume_dir, run_dir)
+            found.append(((m["epoch"], m["step"]), 1, self.resume_dir, resized))
         if self.work_dir is not None and self.work_dir.exists():
             try:
                 m = ckpt.read_manifest(self.work_dir)
@@ -301,11 +319,16 @@ class Segment:
                 notes.append(f"in-segment checkpoint unusable ({exc}); fell back to "
                              f"{self.resume_dir or 'the start of the run'}")
             else:
-                self.check_compatible(m, self.work_dir, self.work_dir)
-                found.append(((m["epoch"], m["step"]), 0, self.work_dir))
+                try:
+                    resized = self.check_compatible(m, self.work_dir, self.work_dir)
+                except MidEpochResize as exc:
+                    notes.append(f"in-segment checkpoint set aside ({exc}); fell back to "
+                                 f"{self.resume_dir or 'the start of the run'}")
+                else:
+                    found.append(((m["epoch"], m["step"]), 0, self.work_dir, resized))
         if not found:
             return None, notes
-        pos, _, chosen = max(found)
+        pos, _, chosen, self.resized_from = max(found)
         if pos > (self.until_epoch, 0):
             notes.append(f"{chosen} is at epoch {pos[0] + 1} batch {pos[1]}, past this "
                          f"segment's target epoch {self.until_epoch} (segments.count changed?): "
@@ -316,15 +339,17 @@ class Segment:
         """Load the checkpoint rank 0 chose; every rank learns the choice (or the error)."""
         self.places = self.s.gather_objects((socket.gethostname(), sys.prefix))  # per rank
         self.hosts = [host for host, _ in self.places]
-        choice, error, notes, code = None, None, [], 0
+        choice, error, notes, code, resized = None, None, [], 0, 0
         if self.s.is_main:
             try:
                 choice, notes = self._pick()
                 code = 0 if choice is None else (1 if choice == self.resume_dir else 2)
+                resized = (self.resized_from or 0) if choice is not None else 0
             except ckpt.CheckpointError as exc:
                 error, code = exc, -1
         if self.s.world_size > 1:
-            code = int(self.s.all_reduce(torch.tensor([code], device=self.s.reduce_device))[0])
+            code, resized = (int(v) for v in self.s.all_reduce(
+                torch.tensor([code, resized], device=self.s.reduce_device)))
             choice = {0: None, 1: self.resume_dir, 2: self.work_dir, -1: None}[code]
         if code == -1:
             raise error or ckpt.CheckpointError("rank 0 refused the checkpoint (see its message)")
@@ -337,15 +362,32 @@ class Segment:
             self.s.load_model_state(self.model, state["model"])
             self.s.load_optimizer_state(self.model, self.optimizer, state["optimizer"])
             trainer = state["trainer"]
-            self.scheduler.load_state_dict(trainer["scheduler"])
             set_rng_state(trainer["rng"])
             self.progress = p = Progress(**trainer["progress"])
-            loss_sum, correct, seen, p.train_s = p.ranks[self.s.rank]  # this rank's share
-            p.loss_sum, p.correct, p.seen = loss_sum, int(correct), int(seen)
+            if resized:
+                self._resize(resized)
+            else:
+                self.scheduler.load_state_dict(trainer["scheduler"])
+                loss_sum, correct, seen, p.train_s = p.ranks[self.s.rank]  # this rank's share
+                p.loss_sum, p.correct, p.seen = loss_sum, int(correct), int(seen)
             self.log(f"resumed from {choice} at epoch {self.progress.epoch + 1}, "
                      f"batch {self.progress.step}")
         self.progress.events += notes
         return choice
+
+    def _resize(self, old_world: int) -> None:
+        """Go on with another world size from an epoch boundary: the schedule is replayed
+        for this world's batches per epoch, and the per-rank sums (all zero there) start
+        anew for its ranks."""
+        p = self.progress
+        with warnings.catch_warnings():  # stepping a schedule without optimizer steps
+            warnings.simplefilter("ignore")
+            for _ in range(p.epoch * self.steps):
+                self.scheduler.step()
+        p.ranks = [[0.0, 0, 0, 0.0] for _ in range(self.s.world_size)]
+        p.resizes.append({"epoch": p.epoch, "from": old_world, "to": self.s.world_size})
+        self.log(f"elastic resume: world size {old_world} -> {self.s.world_size} at epoch "
+                 f"{p.epoch + 1}; from here on the run is no longer bit-exact")
 
     # ---- the loop's steps
     def begin(self) -> None:

@@ -91,7 +91,8 @@ def plan_run(strategy: str, config: dict, swept: dict) -> Run:
         **train, "run": name, "strategy": strategy, "world_size": world,
         **cls.process_settings(sections), "data_id": data_identity(config["data"]),
         "margin_s": float(sections["segments"]["margin_s"]),
-        "budget_s": float(sections["segments"]["budget_s"])})
+        "budget_s": float(sections["segments"]["budget_s"]),
+        "elastic": bool(sections["segments"]["elastic"])})
     job = dict(cls.job_resources(cfg, res), runtime=int(res["runtime"]))
     return Run(name, strategy, swept, cfg, job,
                segment_epochs=segment_targets(cfg.epochs, int(sections["segments"]["count"])),
