@@ -2,17 +2,24 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+DEV_STAMP := $(VENV)/.installed-dev
 
 DEB_PACKAGES := slurmctld slurmd slurm-client munge iproute2 chromium
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run test test-fast debian-packages dry-run bench tensorboard slurm-up slurm-down clean
+.PHONY: run test test-fast lint debian-packages dry-run bench tensorboard slurm-up slurm-down clean
 
-$(STAMP): requirements.txt
+# the pinned dependencies, then this project itself: the `cifarflow` command the rules call
+$(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q --no-deps -e .
 	touch $(STAMP)
+
+$(DEV_STAMP): $(STAMP) requirements-dev.txt
+	$(PY) -m pip install -q -r requirements-dev.txt
+	touch $(DEV_STAMP)
 
 run: $(STAMP)  ## train the offline demo (synthetic data, cpu) and summarise it
 	$(VENV)/bin/snakemake --profile profiles/local
@@ -29,7 +36,11 @@ debian-packages:  ## what the tests run for real: Slurm, munge, ip (the test nod
 	    DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q $$missing >/dev/null; \
 	fi
 
-test: $(STAMP) debian-packages  ## the whole suite (starts the test Slurm cluster: this host plus two namespaced nodes)
+lint: $(DEV_STAMP)  ## snakefmt, and snakemake --lint but its one accepted finding (README, "Lint")
+	$(VENV)/bin/snakefmt --check Snakefile workflow/rules
+	$(PY) tests/lint_workflow.py
+
+test: lint debian-packages  ## the whole suite (starts the test Slurm cluster: this host plus two namespaced nodes)
 	bash tests/slurm/cluster.sh start
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest -v tests
 

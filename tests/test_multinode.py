@@ -168,7 +168,7 @@ def test_node_failure_reruns_the_segment_on_the_other_node_and_resumes_exactly(t
         while time.time() - t0 < 300 and not work.exists():
             time.sleep(0.5)
         assert work.exists(), "the segment wrote no in-segment checkpoint"
-        training = subprocess.run(["pgrep", "-f", r"-m cifarflow train --spec results"],
+        training = subprocess.run(["pgrep", "-f", r"cifarflow train --spec results"],
                                   capture_output=True, text=True).stdout.split()
         for pid in training:  # nothing moves on until the node is gone
             Path(f"/proc/{pid}").exists() and subprocess.run(["kill", "-STOP", pid])

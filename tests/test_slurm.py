@@ -136,7 +136,7 @@ def start_long_segment(tmp_path):
 def freeze_training() -> None:
     """SIGSTOP the segment's training process: whatever Slurm does to the job next happens
     mid-segment, however fast this machine trains."""
-    training = subprocess.run(["pgrep", "-f", r"^\S*python\S* -m cifarflow train --spec results"],
+    training = subprocess.run(["pgrep", "-f", r"^\S*python\S* \S*/cifarflow train --spec results"],
                               capture_output=True, text=True).stdout.split()
     assert len(training) == 1, training
     os.kill(int(training[0]), signal.SIGSTOP)

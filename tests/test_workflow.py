@@ -273,7 +273,7 @@ def test_a_failed_attempt_is_retried_resumes_and_keeps_its_log(tmp_path):
     work = tmp_path / "results/runs/cpu/work/checkpoint.json"
     while not work.exists() and proc.poll() is None:
         time.sleep(0.05)
-    training = subprocess.run(["pgrep", "-f", r"^\S*python\S* -m cifarflow train --spec results"],
+    training = subprocess.run(["pgrep", "-f", r"^\S*python\S* \S*/cifarflow train --spec results"],
                               capture_output=True, text=True).stdout.split()
     assert len(training) == 1, training
     os.kill(int(training[0]), signal.SIGKILL)

@@ -1,4 +1,4 @@
-"""Command line the workflow rules call: ``python -m cifarflow <command> ...``.
+"""The command the workflow rules call: ``cifarflow <command> ...`` (or ``python -m cifarflow``).
 
 Errors a user can fix end the process with one line on stderr and exit status 2.
 """

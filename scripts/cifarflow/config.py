@@ -27,6 +27,9 @@ SHAPING_FIELDS = ("strategy", "model", "model_args", "epochs", "batch_size", "op
 def schema() -> dict:
     import yaml
 
+    if not SCHEMA.is_file():
+        raise ValueError(f"{SCHEMA} not found: cifarflow reads the schema from the checkout "
+                         "it is installed from; install it editable (pip install -e .)")
     return yaml.safe_load(SCHEMA.read_text())
 
 

@@ -11,7 +11,9 @@ rule aggregate_results:
         **final_metrics(),
         env=rules.record_environment.output.info,
     output:
-        summary=report(f"{RESULTS}/summary.csv", category="Summary", caption="../report/summary.rst"),
+        summary=report(
+            f"{RESULTS}/summary.csv", category="Summary", caption="../report/summary.rst"
+        ),
         advice=report(f"{RESULTS}/advice.md", category="Summary", caption="../report/advice.rst"),
         plots=report(
             directory(f"{RESULTS}/plots"),
@@ -19,16 +21,16 @@ rule aggregate_results:
             category="Plots",
             caption="../report/plots.rst",
         ),
+    log:
+        f"{RESULTS}/logs/aggregate_results.log",
     params:
-        py=PY,
+        cifarflow=CIFARFLOW,
         out_dir=lambda wildcards, output: Path(output.summary).parent,
         runs=lambda wildcards, input: shlex.quote(
             runs_json({name: input[name] for name in RUNS if name in input.keys()})
         ),
-    log:
-        f"{RESULTS}/logs/aggregate_results.log",
     shell:
-        "{params.py} aggregate --runs {params.runs} --out-dir {params.out_dir}"
+        "{params.cifarflow} aggregate --runs {params.runs} --out-dir {params.out_dir}"
         " --plots-dir {output.plots}"
         " > {log} 2>&1"
 
@@ -38,12 +40,12 @@ rule aggregate_results:
 rule summarize_partial:
     output:
         summary=f"{RESULTS}/partial/summary.csv",
-    params:
-        py=PY,
-        out_dir=lambda wildcards, output: Path(output.summary).parent,
-        runs=lambda wildcards: shlex.quote(runs_json(existing_metrics())),
     log:
         f"{RESULTS}/logs/summarize_partial.log",
+    params:
+        cifarflow=CIFARFLOW,
+        out_dir=lambda wildcards, output: Path(output.summary).parent,
+        runs=lambda wildcards: shlex.quote(runs_json(existing_metrics())),
     shell:
-        "{params.py} aggregate --runs {params.runs} --out-dir {params.out_dir}"
+        "{params.cifarflow} aggregate --runs {params.runs} --out-dir {params.out_dir}"
         " --plots-dir {params.out_dir}/plots --keep-missing > {log} 2>&1"

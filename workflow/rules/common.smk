@@ -4,6 +4,7 @@ import os
 import re
 import shlex
 import sys
+import sysconfig
 from pathlib import Path
 
 from snakemake.exceptions import IncompleteCheckpointException
@@ -12,20 +13,15 @@ from snakemake.utils import validate
 
 validate(config, schema="../schemas/config.schema.yaml")
 
+# This checkout's engine, here and in every job, even where another checkout is the one
+# installed (`pip install -e .`) or none is (the job venvs of env.mode slurm_tmpdir).
 SCRIPTS = Path(workflow.basedir) / "scripts"
 sys.path.insert(0, str(SCRIPTS))
-# jobs inherit the environment (locally and through sbatch --export=ALL)
-os.environ["PYTHONPATH"] = os.pathsep.join(
-    p for p in (str(SCRIPTS), os.environ.get("PYTHONPATH")) if p
-)
 
-# The Slurm jobstep drops SLURM_* (but the job id) from the environment of what it runs.
-# This file is first read inside a job by the jobstep itself, before that: keep the job's
-# values of what the job commands need, once per job.
-if os.environ.get("SLURM_JOB_ID", "") not in ("", os.environ.get("CIFARFLOW_SLURM_JOB_ID")):
-    os.environ["CIFARFLOW_SLURM_JOB_ID"] = os.environ["SLURM_JOB_ID"]
-    for _name in ("SLURM_TMPDIR", "SLURM_RESTART_COUNT"):
-        os.environ[f"CIFARFLOW_{_name}"] = os.environ.get(_name, "")
+from cifarflow.job_env import keep_slurm_job_values, put_engine_first  # noqa: E402
+
+put_engine_first(SCRIPTS)
+keep_slurm_job_values()
 
 from cifarflow.plan import build_runs, check_user_models  # noqa: E402  (no torch import)
 from cifarflow.prune import prune_mode, survivors  # noqa: E402
@@ -40,17 +36,54 @@ except ValueError as exc:
 
 PRUNE = config["sweep"].get("prune")
 if PRUNE and workflow.is_main_process:
-    logger.info(f"sweep.prune: the runs of each strategy are ranked on {PRUNE['metric']} after "
-                f"segment(s) {', '.join(map(str, sorted(PRUNE['at_segments'])))}; the segments "
-                "after a pruning point depend on that ranking and join the plan once it is known")
+    logger.info(
+        f"sweep.prune: the runs of each strategy are ranked on {PRUNE['metric']} after "
+        f"segment(s) {', '.join(map(str, sorted(PRUNE['at_segments'])))}; the segments "
+        "after a pruning point depend on that ranking and join the plan once it is known"
+    )
 
 RESULTS = config["results"]
 DATA_DIR = f"{RESULTS}/data"
 BATCHES = f"{DATA_DIR}/cifar-10-batches-py"
 ENV = config["env"]
 PYTHON = sys.executable if ENV["mode"] == "current" else "python"
-PY = f"{PYTHON} -m cifarflow"
+
+
+def installed_command(bin_dir):
+    """The `cifarflow` command of an environment, which must have this project installed."""
+    command = Path(bin_dir, "cifarflow")
+    if not command.exists():
+        raise WorkflowError(
+            f"{command} not found: install this project into that environment with "
+            f"`pip install --no-deps -e {workflow.basedir}` (`make run` does it)"
+        )
+    return str(command)
+
+
+def job_command():
+    """The engine in jobs, after env_prologue. The venv of env.mode venv must have this
+    project installed; the one env.mode slurm_tmpdir builds holds requirements.txt alone,
+    so the package comes from PYTHONPATH there."""
+    if ENV["mode"] == "venv":
+        installed_command(Path(ENV["venv"], "bin"))
+        return "cifarflow"
+    if ENV["mode"] == "slurm_tmpdir":
+        return "python -m cifarflow"
+    return CIFARFLOW
+
+
+# where snakemake runs (the local rules), and in jobs under env.mode current
+CIFARFLOW = installed_command(sysconfig.get_path("scripts"))
+JOB_CIFARFLOW = job_command()
 MAX_SEGMENTS = config["segments"]["count"] + config["segments"]["max_extra"]
+
+
+def fetch_args():
+    """fetch-data's options from config.data, the synthetic generator's included."""
+    data = config["data"]
+    args = ["--url", data["url"], "--md5", data["md5"], "--archive", data["archive"] or ""]
+    args += [f"--{key.replace('_', '-')}={value}" for key, value in data["synthetic"].items()]
+    return shlex.join(args)
 
 
 def env_prologue(nodes=1):
@@ -60,11 +93,18 @@ def env_prologue(nodes=1):
     if ENV["mode"] == "slurm_tmpdir":
         pip = ["--no-index"] if ENV["pip_no_index"] else []
         pip += ["--find-links", ENV["find_links"]] if ENV["find_links"] else []
-        build = shlex.join([str(Path(workflow.basedir) / "workflow/scripts/node_venv.sh"),
-                            str(Path(workflow.basedir) / ENV["requirements"]), *pip])
+        build = shlex.join(
+            [
+                str(Path(workflow.basedir) / "workflow/scripts/node_venv.sh"),
+                str(Path(workflow.basedir) / ENV["requirements"]),
+                *pip,
+            ]
+        )
         if nodes > 1:  # one task per node; ranks find the venv at the same path everywhere
-            build = (f"srun --kill-on-bad-exit=1 --nodes={nodes} --ntasks={nodes} "
-                     f"--ntasks-per-node=1 --cpus-per-task=1 {build}")
+            build = (
+                f"srun --kill-on-bad-exit=1 --nodes={nodes} --ntasks={nodes} "
+                f"--ntasks-per-node=1 --cpus-per-task=1 {build}"
+            )
         lines += [
             'export JOB_VENV="${CIFARFLOW_SLURM_TMPDIR:-${TMPDIR:-/tmp}/cifarflow.$SLURM_JOB_ID}/env"',
             build,
@@ -108,7 +148,7 @@ def env_gpu_request():
     if not any(run.strategy_class.gpus_per_node(run.config) for run in RUNS.values()):
         return {}
     model = config["resources"]["gpu_model"]
-    return {"gres": f"gpu:{model + ':' if model else ''}1", "tasks_per_gpu": 0}
+    return {"gres": f"gpu:{model}:1" if model else "gpu:1", "tasks_per_gpu": 0}
 
 
 ENV_GPU = env_gpu_request()
@@ -140,9 +180,18 @@ def train_params(wildcards):
     """Where this segment reads and writes; everything else is in the run's spec.json."""
     run = RUNS[wildcards.run]
     k = int(wildcards.segment)
-    args = ["--data", BATCHES, "--out", segment_dir(run.name, k),
-            "--work", f"{run_dir(run.name)}/work", "--until-epoch", str(run.until_epoch(k)),
-            "--tensorboard", f"{RESULTS}/tensorboard/{run.name}"]
+    args = [
+        "--data",
+        BATCHES,
+        "--out",
+        segment_dir(run.name, k),
+        "--work",
+        f"{run_dir(run.name)}/work",
+        "--until-epoch",
+        str(run.until_epoch(k)),
+        "--tensorboard",
+        f"{RESULTS}/tensorboard/{run.name}",
+    ]
     if k > 1:
         args += ["--resume", segment_dir(run.name, k - 1)]
     return " ".join(shlex.quote(a) for a in args)
@@ -215,18 +264,17 @@ def final_segment(run):
         if manifest["done"]:
             return out
         if k >= MAX_SEGMENTS:
-            raise WorkflowError(f"run {run}: not finished after {k} segments; raise "
-                                "resources.runtime or segments.max_extra")
+            raise WorkflowError(
+                f"run {run}: not finished after {k} segments; raise "
+                "resources.runtime or segments.max_extra"
+            )
         k += 1
 
 
 def final_metrics():
     """One input function per run: each waits on its own chain, so Snakemake schedules
     all runs at once (an unpack()ed function would wake them one at a time)."""
-    return {
-        run: (lambda wildcards, run=run: f"{final_segment(run)}/metrics.jsonl")
-        for run in RUNS
-    }
+    return {run: (lambda wildcards, run=run: f"{final_segment(run)}/metrics.jsonl") for run in RUNS}
 
 
 def launch_prefix(wildcards):

@@ -5,17 +5,17 @@ rule record_environment:
     output:
         info=f"{RESULTS}/environment/environment.json",
         freeze=f"{RESULTS}/environment/pip-freeze.txt",
-    params:
-        py=PY,
-        prologue=env_prologue(),
-        expect_gpu="--expect-gpu" if ENV_GPU else "",
     log:
         f"{RESULTS}/logs/record_environment.log",
     resources:
-        runtime=10,
-        mem_mb=2000,
         **ENV_GPU,
         **SLURM_PLACEMENT,
+        runtime=10,
+        mem_mb=2000,
+    params:
+        cifarflow=JOB_CIFARFLOW,
+        prologue=env_prologue(),
+        expect_gpu="--expect-gpu" if ENV_GPU else "",
     shell:
-        "{params.prologue}{params.py} record-env --out {output.info} --freeze {output.freeze}"
-        " {params.expect_gpu} > {log} 2>&1"
+        "{params.prologue}{params.cifarflow} record-env --out {output.info}"
+        " --freeze {output.freeze} {params.expect_gpu} > {log} 2>&1"

@@ -2,13 +2,13 @@
 rule write_run_spec:
     output:
         spec=f"{RESULTS}/runs/{{run}}/spec.json",
-    params:
-        spec=lambda wildcards: RUNS[wildcards.run].spec,
-    wildcard_constraints:
-        run="|".join(RUNS),
     log:
         f"{RESULTS}/logs/write_run_spec/{{run}}.log",
+    wildcard_constraints:
+        run="|".join(RUNS),
     localrule: True
+    params:
+        spec=lambda wildcards: RUNS[wildcards.run].spec,
     run:
         write_spec(RUNS[wildcards.run], output.spec, log[0])
 
@@ -27,24 +27,24 @@ for _strategy in config["strategies"]:
             spec=rules.write_run_spec.output.spec,
         output:
             ckpt=directory(f"{RESULTS}/runs/{{run}}/segment-{{segment}}"),
-        wildcard_constraints:
-            run="|".join(runs_of(_strategy)),
-            segment=r"\d+",
-        params:
-            py=PY,
-            prologue=run_prologue,
-            args=train_params,
-            launch=launch_prefix,
         log:
             f"{RESULTS}/logs/train/{{run}}/segment-{{segment}}.log",
         benchmark:
             f"{RESULTS}/benchmarks/train/{{run}}/segment-{{segment}}.tsv"
+        wildcard_constraints:
+            run="|".join(runs_of(_strategy)),
+            segment=r"\d+",
         threads: lambda wildcards: RUNS[wildcards.run].threads
         resources:
             **run_resources(_strategy),
             attempt=lambda wildcards, attempt: attempt,
+        params:
+            cifarflow=JOB_CIFARFLOW,
+            prologue=run_prologue,
+            args=train_params,
+            launch=launch_prefix,
         shell:
-            "({params.prologue}{params.launch} {params.py} train"
+            "({params.prologue}{params.launch} {params.cifarflow} train"
             " --spec {input.spec} {params.args} --threads {resources.cpus_per_task}"
             " --budget-min {resources.runtime} --attempt {resources.attempt}) 2>&1"
             f" | {KEEP_ATTEMPT_LOG}"
