@@ -2,13 +2,12 @@
 refusals, and a real sweep through snakemake."""
 
 import csv
-import json
 import math
 import re
 
 import pytest
 
-from conftest import ROOT, assert_bit_identical, cli, snakemake, state_of
+from conftest import ROOT, assert_bit_identical, cli, metrics_of, snakemake, state_of
 from cifarflow.prune import check_prune, survivors
 
 
@@ -41,8 +40,7 @@ def rows_of(work):
 
 
 def last_test_acc(work, run, segment):
-    lines = (work / f"results/runs/{run}/segment-{segment}/metrics.jsonl").read_text().splitlines()
-    return json.loads(lines[-1])["test_acc"]
+    return metrics_of(work / f"results/runs/{run}/segment-{segment}")[-1]["test_acc"]
 
 
 @pytest.fixture(scope="module")

@@ -26,6 +26,7 @@ keep_slurm_job_values()
 from cifarflow.plan import build_runs, check_user_models  # noqa: E402  (no torch import)
 from cifarflow.prune import prune_mode, survivors  # noqa: E402
 from cifarflow.strategies import get_strategy  # noqa: E402
+from cifarflow.strategies.base import gpu_request  # noqa: E402
 
 try:
     RUNS = build_runs(config)
@@ -147,8 +148,7 @@ def env_gpu_request():
     """One GPU of the kind the runs train on, for the environment check; {} if none does."""
     if not any(run.strategy_class.gpus_per_node(run.config) for run in RUNS.values()):
         return {}
-    model = config["resources"]["gpu_model"]
-    return {"gres": f"gpu:{model}:1" if model else "gpu:1", "tasks_per_gpu": 0}
+    return gpu_request(config["resources"]["gpu_model"], 1)
 
 
 ENV_GPU = env_gpu_request()

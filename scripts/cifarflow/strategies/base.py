@@ -35,6 +35,12 @@ def require_cuda(strategy: str) -> None:
                             "(profiles/slurm requests one) or choose cpu/ddp in config")
 
 
+def gpu_request(model: str, gpus: int) -> dict:
+    """Snakemake resources for `gpus` GPUs per node, of `model` if given; tasks_per_gpu=0:
+    the Slurm plugin must not start the command once per GPU."""
+    return {"gres": f"gpu:{model}:{gpus}" if model else f"gpu:{gpus}", "tasks_per_gpu": 0}
+
+
 def apply_cuda_switches(cfg) -> None:
     """Before any CUDA work: cuBLAS reads its workspace setting when it starts."""
     import torch
@@ -84,9 +90,7 @@ class Strategy:
             out.update({"tasks_per_node": per_node} if per_node > 1 else {"tasks": cfg.world_size})
         gpus = cls.gpus_per_node(cfg)
         if gpus:
-            model = f"{res['gpu_model']}:" if res.get("gpu_model") else ""
-            # tasks_per_gpu=0: the plugin must not start the command once per GPU
-            out.update(gres=f"gpu:{model}{gpus}", tasks_per_gpu=0)
+            out.update(gpu_request(res.get("gpu_model", ""), gpus))
         return out
 
     @classmethod
