@@ -5,15 +5,14 @@ and node-local /localscratch. Everything goes through --profile profiles/slurm."
 import csv
 import json
 import re
-import signal
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import ENV, PY, ROOT, assert_bit_identical, cli, metrics_of, state_of
-from test_slurm import CONFIG, FAST_POLLING, job_state, slurm, submitted
+from conftest import PY, ROOT, assert_bit_identical, cli, metrics_of, state_of
+from test_slurm import CONFIG, job_state, slurm, start_slurm, submitted
 
 pytestmark = pytest.mark.slurm
 NODES = ["n1", "n2"]
@@ -157,11 +156,7 @@ def test_node_failure_reruns_the_segment_on_the_other_node_and_resumes_exactly(t
     extra = multi_config(tmp_path, strategies=["ddp"], segments={"count": 1},
                          distributed={"world_size": 2, "nodes": 1},
                          train={"epochs": 10, "batch_size": 20, "checkpoint_interval_s": 0.5})
-    cmd = [str(Path(PY).parent / "snakemake"), "-s", str(ROOT / "Snakefile"), "--directory",
-           str(tmp_path), "--profile", str(ROOT / "profiles/slurm"), *FAST_POLLING,
-           "--configfile", str(CONFIG), str(extra)]
-    proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+    proc = start_slurm(tmp_path, CONFIG, extra)
     work = tmp_path / "results/runs/ddp/work/checkpoint.json"
     t0, node = time.time(), None
     try:

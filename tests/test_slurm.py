@@ -112,18 +112,23 @@ def train_job_id(comment: str) -> str | None:
     return next((line.split()[0] for line in out.splitlines() if line.endswith(comment)), None)
 
 
+def start_slurm(workdir, *configfiles) -> subprocess.Popen:
+    """snakemake --profile profiles/slurm in the background, output captured."""
+    cmd = [str(Path(PY).parent / "snakemake"), "-s", str(ROOT / "Snakefile"), "--directory",
+           str(workdir), "--profile", str(ROOT / "profiles/slurm"), *FAST_POLLING,
+           "--configfile", *map(str, configfiles)]
+    return subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+
+
 def start_long_segment(tmp_path):
     """A one-segment cpu run through profiles/slurm; returns once its job runs and has
     written an in-segment checkpoint: (snakemake process, job id)."""
     long_run = tmp_path / "long.yaml"
     long_run.write_text("strategies: [cpu]\nsegments: {count: 1}\n"
                         "train: {epochs: 60, batch_size: 10, lr: 0.01, checkpoint_interval_s: 0.5}\n")
-    cmd = [str(Path(PY).parent / "snakemake"), "-s", str(ROOT / "Snakefile"), "--directory",
-           str(tmp_path), "--profile", str(ROOT / "profiles/slurm"), *FAST_POLLING,
-           "--configfile", str(CONFIG), str(long_run)]
     t0 = time.time()
-    proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+    proc = start_slurm(tmp_path, CONFIG, long_run)
     work = tmp_path / "results/runs/cpu/work/checkpoint.json"
     jobid = None
     while time.time() - t0 < 300 and not (jobid and work.exists()):
