@@ -130,11 +130,15 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["train"]:  # before torch imports: a preemption notice is never lost
+        from . import stop_signals
+
+        stop_signals.listen()
     from .checkpoint import CheckpointError
     from .data import DatasetError
     from .strategies.base import StrategyError
 
-    argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["launch"]:  # its own parser: everything after -- is the command
         from .launch import main as launch_main
 

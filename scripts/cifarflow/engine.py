@@ -20,7 +20,6 @@ import math
 import os
 import random
 import resource
-import signal
 import socket
 import sys
 import time
@@ -33,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from . import checkpoint as ckpt
+from . import stop_signals
 from .config import TrainConfig
 from .gpu_monitor import GpuSampler, nvml_reader
 from .loaders import Split, TensorBatches, TorchvisionBatches, eval_batches
@@ -129,11 +129,9 @@ class StopController:
     signal and deadline, rank 0 its save clock; one all-reduce (max) of the two flags makes
     every rank stop or save at the same batch."""
 
-    SIGNALS = (signal.SIGUSR2, signal.SIGTERM)
-
     def __init__(self, budget_s: float | None, margin_s: float, strategy, start: float,
                  interval_s: float):
-        self.s, self.signalled, self.interval_s = strategy, None, interval_s
+        self.s, self.interval_s = strategy, interval_s
         deadlines = []
         if budget_s:
             deadlines.append(start + min(0.8 * budget_s, budget_s - margin_s))
@@ -143,11 +141,11 @@ class StopController:
             deadlines.append(start + min(0.8 * remaining, remaining - margin_s))
         self.deadline = min(deadlines) if deadlines else math.inf
         self.last_save = time.time()
-        for sig in self.SIGNALS:
-            signal.signal(sig, self._on_signal)
+        stop_signals.listen()
 
-    def _on_signal(self, signum, frame):
-        self.signalled = signal.Signals(signum).name
+    @property
+    def signalled(self) -> str | None:
+        return stop_signals.received
 
     def decide(self, next_step_s: float, may_save: bool) -> tuple[str | None, bool]:
         """(stop reason or None, save now?) agreed by all ranks."""

@@ -16,6 +16,8 @@ rule write_run_spec:
 # One rule per strategy (so profiles can set resources per strategy), each a checkpoint:
 # segment k resumes from segment k-1; after each, the DAG is re-evaluated (final_segment)
 # and a further segment is added only if this one stopped before its target epoch.
+# On preemption Slurm sends SIGTERM to the whole step, then waits GraceTime: the shell and
+# the log's tee ignore it, so the job lives until the segment has checkpointed and ended.
 for _strategy in config["strategies"]:
 
     checkpoint:
@@ -44,7 +46,7 @@ for _strategy in config["strategies"]:
             args=train_params,
             launch=launch_prefix,
         shell:
-            "({params.prologue}{params.launch} {params.cifarflow} train"
+            "trap '' TERM; ({params.prologue}{params.launch} {params.cifarflow} train"
             " --spec {input.spec} {params.args} --threads {resources.cpus_per_task}"
             " --budget-min {resources.runtime} --attempt {resources.attempt}) 2>&1"
             f" | {KEEP_ATTEMPT_LOG}"
