@@ -10,7 +10,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 .PHONY: run test test-fast lint debian-packages dry-run bench tensorboard slurm-up slurm-down clean
 
 # the pinned dependencies, then this project itself: the `cifarflow` command the rules call
-$(STAMP): requirements.txt pyproject.toml
+$(STAMP): requirements.txt requirements-train.txt pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements.txt
@@ -44,7 +44,7 @@ test: lint debian-packages  ## the whole suite (starts the test Slurm cluster: t
 	bash tests/slurm/cluster.sh start
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest -v tests
 
-test-fast: $(STAMP)  ## without the real-Slurm tests
+test-fast: $(DEV_STAMP)  ## without the real-Slurm tests
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest -v -m "not slurm" tests
 
 bench: $(STAMP)

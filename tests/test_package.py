@@ -16,7 +16,7 @@ from pathlib import Path
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from conftest import PY, ROOT, snakemake
+from conftest import ENV, PY, ROOT, snakemake, spec
 from cifarflow.job_env import keep_slurm_job_values, put_engine_first
 
 SUBCOMMANDS = ("fetch-data", "extract-data", "train", "record-env", "aggregate", "launch",
@@ -87,20 +87,15 @@ def test_wheel_holds_every_module_the_command_and_pinned_dependencies(tmp_path):
     assert "[console_scripts]\ncifarflow = cifarflow.cli:main" in entry_points
 
     # every dependency is pinned in requirements.txt, at a version it accepts
-    pins = {}
-    for line in (ROOT / "requirements.txt").read_text().splitlines():
-        line = line.split("#")[0].strip()
-        if line:
-            pin = Requirement(line)
-            pins[canonicalize_name(pin.name)] = str(pin.specifier).removeprefix("==")
+    pins = pinned(ROOT / "requirements.txt")
     requires = [Requirement(line.split(":", 1)[1]) for line in metadata.splitlines()
                 if line.startswith("Requires-Dist:")]
     assert requires
     for req in requires:
-        pinned = pins.get(canonicalize_name(req.name))
-        assert pinned, f"{req.name} is a dependency but requirements.txt does not pin it"
-        assert req.specifier.contains(pinned, prereleases=True), f"{req} excludes {pinned}"
-        assert version(req.name) == pinned, f"{req.name}: installed {version(req.name)}"
+        pin = pins.get(canonicalize_name(req.name))
+        assert pin, f"{req.name} is a dependency but requirements.txt does not pin it"
+        assert req.specifier.contains(pin, prereleases=True), f"{req} excludes {pin}"
+        assert version(req.name) == pin, f"{req.name}: installed {version(req.name)}"
 
     target = tmp_path / "site"
     run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target",
@@ -159,3 +154,68 @@ def test_slurm_values_are_kept_once_per_job():
     outside = {}
     keep_slurm_job_values(outside)
     assert outside == {}
+
+
+def pinned(requirements: Path) -> dict:
+    """name -> pinned version of a requirements file, following its `-r` includes."""
+    pins = {}
+    for line in requirements.read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if line.startswith("-r "):
+            pins.update(pinned(requirements.parent / line[3:].strip()))
+        elif line:
+            pin = Requirement(line)
+            pins[canonicalize_name(pin.name)] = str(pin.specifier).removeprefix("==")
+    return pins
+
+
+def installed_closure(names) -> dict:
+    """name -> Distribution of these installed distributions and everything they require
+    here (markers evaluated without extras)."""
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    todo, found = list(names), {}
+    while todo:
+        name = canonicalize_name(todo.pop())
+        if name in found:
+            continue
+        try:
+            found[name] = dist = distribution(name)
+        except PackageNotFoundError:
+            continue
+        for line in dist.requires or []:
+            req = Requirement(line)
+            if req.marker is None or req.marker.evaluate({"extra": ""}):
+                todo.append(req.name)
+    return found
+
+
+def test_a_job_venv_needs_requirements_train_only(tmp_path, cifar_dir):
+    """env.mode slurm_tmpdir installs requirements-train.txt alone in each job. A venv
+    holding exactly that (its distributions and what they require, linked from this venv;
+    the engine from PYTHONPATH, as in the jobs) runs a segment with TensorBoard, a
+    Lightning segment and the environment record."""
+    dists = installed_closure(pinned(ROOT / "requirements-train.txt"))
+    assert not {"snakemake", "pandas", "matplotlib", "pytest", "tabulate"} & set(dists)
+    job_venv = tmp_path / "job-venv"
+    venv.create(job_venv, with_pip=False)
+    site = Path(sysconfig.get_path("purelib"))
+    target = Path(sysconfig.get_path("purelib", vars={"base": str(job_venv)}))
+    for top in {Path(f).parts[0] for d in dists.values() for f in d.files or []
+                if not str(f).startswith("..")}:
+        if (site / top).exists() and not (target / top).exists():
+            (target / top).symlink_to(site / top)
+    python = job_venv / "bin" / "python"
+    probe = subprocess.run([python, "-c", "import torch, lightning; import pandas"], env=ENV,
+                           capture_output=True, text=True)
+    assert "No module named 'pandas'" in probe.stderr, probe.stderr  # torch yes, pandas no
+    for strategy in ("cpu", "lightning"):
+        out = subprocess.run([python, "-m", "cifarflow", "train", "--spec",
+                              spec(strategy=strategy, epochs=1), "--data", cifar_dir, "--out",
+                              tmp_path / strategy, "--tensorboard", tmp_path / "tb" / strategy,
+                              "--threads", "1"], env=ENV, capture_output=True, text=True)
+        assert out.returncode == 0 and "(done)" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
+    out = subprocess.run([python, "-m", "cifarflow", "record-env", "--out", tmp_path / "env.json",
+                          "--freeze", tmp_path / "freeze.txt"], env=ENV, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "pandas" not in (tmp_path / "freeze.txt").read_text()

@@ -246,7 +246,7 @@ def test_alliance_environment_prologue(tmp_path):
     assert train.index("module load python/3.11") < train.index("node_venv.sh")
     # SLURM_TMPDIR as the job had it before the jobstep dropped SLURM_* (empty here)
     assert 'JOB_VENV="${CIFARFLOW_SLURM_TMPDIR:-' in train
-    assert re.search(r"node_venv.sh \S*requirements.txt --no-index && source", train)
+    assert re.search(r"node_venv.sh \S*/requirements-train.txt --no-index && source", train)
     assert "srun" not in train.split("python -m cifarflow train")[0]  # one node: built in place
     two_nodes = tmp_path / "two_nodes.yaml"
     two_nodes.write_text("strategies: [ddp]\ndistributed: {world_size: 2, nodes: 2}\n"
@@ -255,7 +255,7 @@ def test_alliance_environment_prologue(tmp_path):
     train = next(l for l in out.stdout.splitlines() if "cifarflow train" in l)
     # every node of the job builds its own copy before the ranks start
     assert re.search(r"srun --kill-on-bad-exit=1 --nodes=2 --ntasks=2 --ntasks-per-node=1 "
-                     r"--cpus-per-task=1 \S*node_venv.sh \S*requirements.txt --no-index "
+                     r"--cpus-per-task=1 \S*node_venv.sh \S*/requirements-train.txt --no-index "
                      r"--find-links /wheels && source", train), train
 
 

@@ -63,7 +63,7 @@ def installed_command(bin_dir):
 
 def job_command():
     """The engine in jobs, after env_prologue. The venv of env.mode venv must have this
-    project installed; the one env.mode slurm_tmpdir builds holds requirements.txt alone,
+    project installed; the one env.mode slurm_tmpdir builds holds env.requirements alone,
     so the package comes from PYTHONPATH there."""
     if ENV["mode"] == "venv":
         installed_command(Path(ENV["venv"], "bin"))
