@@ -77,6 +77,15 @@ def wrong_shape():
     return nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 5))
 
 
+class Views(nn.Module):  # .view: fine on contiguous batches, not on channels_last ones
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3 * 32 * 32, 10)
+
+    def forward(self, x):
+        return self.fc(x.view(x.size(0), -1))
+
+
 def small(width=4):
     return nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, width), nn.Linear(width, 10))
 '''
@@ -112,10 +121,21 @@ def test_each_broken_factory_is_one_clear_error(bad_models, name, args, message)
     assert "\n" not in str(err.value)
 
 
+def test_a_model_that_cannot_take_channels_last_batches_is_refused_with_the_way_out(bad_models):
+    check_model("cifarflow_bad_models:Views", {})  # contiguous: fine
+    with pytest.raises(ValueError) as err:
+        check_model("cifarflow_bad_models:Views", {}, channels_last=True)
+    assert str(err.value).startswith(
+        "train.model cifarflow_bad_models:Views(): forward pass fails on a channels_last batch "
+        "(train.channels_last: true, the default): RuntimeError: view size is not compatible")
+    assert str(err.value).endswith("or set train.channels_last: false")
+    assert "\n" not in str(err.value)
+
+
 def test_working_factories_pass(bad_models, monkeypatch):
     monkeypatch.chdir(ROOT)
     check_model("cifarflow_bad_models:small", {"width": 3})
-    check_model(EXAMPLE, {"width": 4})
+    check_model(EXAMPLE, {"width": 4}, channels_last=True)
     check_model("lenet", {})
     with pytest.raises(ValueError, match="unknown model 'lenet5'"):
         check_model("lenet5", {})

@@ -60,14 +60,15 @@ def model_factory(name: str) -> Callable[..., nn.Module]:
     return factory
 
 
-def check_model(name: str, args: dict | None = None) -> None:
+def check_model(name: str, args: dict | None = None, channels_last: bool = False) -> None:
     """Build the model on CPU and run a forward pass on a (2, 3, 32, 32) batch of zeros,
-    which must give (2, 10) logits. Any failure is one ValueError line."""
-    _check_model(name, json.dumps(args or {}, sort_keys=True))
+    which must give (2, 10) logits; then, for a run with train.channels_last, on the same
+    batch in that memory format, as training feeds it. Any failure is one ValueError line."""
+    _check_model(name, json.dumps(args or {}, sort_keys=True), channels_last)
 
 
 @functools.cache  # the planner asks once per run; a sweep repeats the same model
-def _check_model(name: str, args_json: str) -> None:
+def _check_model(name: str, args_json: str, channels_last: bool) -> None:
     args = json.loads(args_json)
     call = f"{name}(**{args})" if args else f"{name}()"
     factory = model_factory(name)
@@ -88,6 +89,15 @@ def _check_model(name: str, args_json: str) -> None:
     if shape != (2, 10):
         raise ValueError(f"train.model {call} maps a (2, 3, 32, 32) batch to {shape}; CIFAR-10 "
                          "needs (2, 10), one logit per class")
+    if channels_last:
+        try:
+            with torch.no_grad():
+                model(torch.zeros(2, 3, 32, 32).contiguous(memory_format=torch.channels_last))
+        except Exception as exc:
+            raise ValueError(f"train.model {call}: forward pass fails on a channels_last batch "
+                             f"(train.channels_last: true, the default): {one_line(exc)}; "
+                             "flatten with torch.flatten or .reshape rather than .view, or set "
+                             "train.channels_last: false") from None
 
 
 def one_line(exc: BaseException) -> str:

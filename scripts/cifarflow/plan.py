@@ -127,4 +127,4 @@ def check_user_models(runs) -> None:
         if ":" in run.config.model:
             from .models import check_model
 
-            check_model(run.config.model, run.config.model_args)
+            check_model(run.config.model, run.config.model_args, run.config.channels_last)
