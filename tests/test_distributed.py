@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from conftest import (ENV, PY, assert_bit_identical, cli, metrics_of, same_metrics, spec,
+from conftest import (ENV, PY, ROOT, assert_bit_identical, cli, metrics_of, same_metrics, spec,
                       state_of, train)
 from cifarflow import checkpoint as ckpt
 from cifarflow.launch import launch_argv
@@ -77,10 +77,58 @@ def test_fsdp_matches_ddp_and_its_sharded_checkpoint_resumes(cifar_dir, ddp_b, t
     train(cifar_dir, tmp_path / "s2", resume=tmp_path / "s1", **kw)
     fsdp = fsdp_full_weights(tmp_path / "s2")
     close(state_of(ddp_b)["model"], fsdp, 1e-4)
-    assert same_metrics(metrics_of(tmp_path / "s2"), metrics_of(tmp_path / "s2"))
     whole = tmp_path / "whole"
     train(cifar_dir, whole, **kw)
     assert_bit_identical(fsdp_full_weights(whole), fsdp)
+    assert same_metrics(metrics_of(whole), metrics_of(tmp_path / "s2"))
+
+
+BUFFER_PROBE = """
+import sys, torch, torch.distributed as dist
+from cifarflow.config import TrainConfig
+from cifarflow.strategies import get_strategy
+
+s = get_strategy("fsdp")(TrainConfig.read(sys.argv[1]), 1)
+s.setup()
+model = s.wrap(torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4),
+                                   torch.nn.Flatten(), torch.nn.Linear(4 * 6 * 6, 10)))
+model(torch.full((2, 3, 8, 8), float(s.rank)))  # each rank sees other data
+def means():
+    bn = s.unwrap(model)[1]
+    return [t.tolist() for t in s.gather_objects(bn.running_mean.clone())]
+before = means()
+s.sync_buffers(model)
+after = means()
+if s.is_main:
+    print("before", before[0] != before[1], "after", after[0] == after[1] == before[0])
+s.teardown()
+"""
+
+
+def test_fsdp_ranks_take_rank_0s_buffers(tmp_path):
+    script = tmp_path / "probe.py"
+    script.write_text(BUFFER_PROBE)
+    out = cli("launch", "--nproc", 2, "--", PY, script,
+              spec(strategy="fsdp", world_size=2, device="cpu"))
+    assert "before True after True" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
+
+
+def test_fsdp_with_batchnorm_resumes_exactly(cifar_dir, tmp_path, monkeypatch):
+    """FSDP shards parameters only: BatchNorm's running statistics are plain per-rank
+    buffers, and the sharded checkpoint keeps one copy. The ranks evaluate with rank 0's
+    (as DDP does), so two segments equal one run: weights, buffers and test accuracy."""
+    monkeypatch.chdir(ROOT)  # where the jobs import examples.my_model from
+    kw = dict(threads=1, nproc=2, spec_kw={**COMMON, "batch_size": 100, "strategy": "fsdp",
+                                           "world_size": 2, "device": "cpu",
+                                           "model": "examples.my_model:small_cnn",
+                                           "model_args": {"width": 8}})
+    train(cifar_dir, tmp_path / "s1", until_epoch=1, **kw)
+    train(cifar_dir, tmp_path / "s2", resume=tmp_path / "s1", **kw)
+    train(cifar_dir, tmp_path / "whole", **kw)
+    resumed, whole = fsdp_full_weights(tmp_path / "s2"), fsdp_full_weights(tmp_path / "whole")
+    assert any("running_mean" in k for k in whole)
+    assert_bit_identical(whole, resumed)
+    assert same_metrics(metrics_of(tmp_path / "whole"), metrics_of(tmp_path / "s2"))
 
 
 def test_lightning_two_processes_beat_chance_and_resume(cifar_dir, tmp_path):

@@ -275,6 +275,7 @@ class Segment:
 
     def save(self, directory: Path) -> float:
         t0 = time.perf_counter()
+        self.s.sync_buffers(self.model)
         history = "".join(json.dumps(r) + "\n" for r in self.progress.history)
         self.checkpointer.save(directory, self.state(), self.meta(), {METRICS: history})
         return time.perf_counter() - t0
@@ -493,6 +494,7 @@ class Segment:
 
     @torch.no_grad()
     def evaluate(self) -> float:
+        self.s.sync_buffers(self.model)
         self.model.eval()
         hits = torch.zeros(2, dtype=torch.float64, device=self.s.device)
         for x, y, valid in eval_batches(self.test_split, self.cfg.eval_batch_size, self.s.rank,

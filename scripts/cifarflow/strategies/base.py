@@ -177,6 +177,10 @@ class Strategy:
         model = getattr(model, "module", model)
         return getattr(model, "_orig_mod", model)
 
+    def sync_buffers(self, model) -> None:
+        """Before evaluating and saving (all ranks): buffers that each rank keeps for itself
+        become rank 0's. Nothing to do where none are kept (DDP broadcasts them itself)."""
+
     def model_state(self, model) -> dict:
         return self.unwrap(model).state_dict()
 

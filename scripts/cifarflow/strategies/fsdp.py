@@ -29,6 +29,19 @@ class FSDPStrategy(DDPStrategy):
         fully_shard(self.unwrap(model), mesh=mesh)
         return model
 
+    def sync_buffers(self, model):
+        """FSDP2 shards parameters only: buffers (BatchNorm's running statistics) stay per
+        rank, and the sharded checkpoint keeps one copy of each, from whichever rank. All
+        ranks take rank 0's, as DDP's forward does: one model is evaluated and saved, and
+        what is observed never depends on when saves happened."""
+        import torch
+        import torch.distributed as dist
+
+        if self.world_size > 1:
+            with torch.no_grad():
+                for buffer in self.unwrap(model).buffers():
+                    dist.broadcast(buffer, src=0)
+
     def checkpointer(self):
         from ..checkpoint import ShardedCheckpointer
 
