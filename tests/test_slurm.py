@@ -148,14 +148,22 @@ def freeze_training(ranks: int = 1) -> None:
         os.kill(int(pid), signal.SIGSTOP)
 
 
-def preempt_the_debug_partition() -> str:
-    """A job of the urgent partition that needs the whole node: Slurm preempts what runs
-    there (SIGCONT and SIGTERM to its steps, then GraceTime). Returns its job id."""
+def preempt_long_segment(tmp_path, strategy="cpu", ranks=1) -> str:
+    """A long segment, frozen once it has an in-segment checkpoint, is preempted by a job
+    of the urgent partition that needs the whole node (Slurm sends SIGCONT and SIGTERM to
+    the segment's step, then grants GraceTime). Returns the segment's job id once both jobs
+    completed and Snakemake ended well by itself."""
+    proc, jobid = start_long_segment(tmp_path, strategy)
+    freeze_training(ranks)
     cpus = subprocess.run(["sinfo", "-h", "-p", "urgent", "-o", "%c"], capture_output=True,
                           text=True).stdout.split()[0]
-    return subprocess.run(["sbatch", "--parsable", "-p", "urgent", f"--cpus-per-task={cpus}",
-                           "--mem=500", "--output=/dev/null", "--wrap", "sleep 2"],
-                          capture_output=True, text=True, check=True).stdout.strip()
+    urgent = subprocess.run(["sbatch", "--parsable", "-p", "urgent", f"--cpus-per-task={cpus}",
+                             "--mem=500", "--output=/dev/null", "--wrap", "sleep 2"],
+                            capture_output=True, text=True, check=True).stdout.strip()
+    output = proc.communicate(timeout=900)[0]
+    assert proc.returncode == 0, output[-3000:]
+    assert job_state(urgent) == "COMPLETED"
+    return jobid
 
 
 def test_job_killed_for_its_time_limit_is_retried_and_resumes(tmp_path):
@@ -196,12 +204,7 @@ def test_preempted_segment_checkpoints_at_the_notice_and_resumes_there(tmp_path)
     the segment stops at the next batch and checkpoints. The Snakemake jobstep inside the
     step exits non-zero after any SIGTERM, so the profile's retry resubmits the job (or
     Slurm requeues it): the next try resumes at that very batch and nothing is retrained."""
-    proc, jobid = start_long_segment(tmp_path)
-    freeze_training()
-    urgent = preempt_the_debug_partition()
-    output = proc.communicate(timeout=900)[0]
-    assert proc.returncode == 0, output[-3000:]
-    assert job_state(urgent) == "COMPLETED"
+    preempt_long_segment(tmp_path)
     logs = sorted((tmp_path / "results/logs/train/cpu").glob("segment-1.attempt*.log"))
     assert [p.name for p in logs] in (["segment-1.attempt1.log", "segment-1.attempt2.log"],
                                       ["segment-1.attempt1.log", "segment-1.attempt1.requeue1.log"])
@@ -216,12 +219,7 @@ def test_preempted_segment_checkpoints_at_the_notice_and_resumes_there(tmp_path)
 def test_preempted_ddp_ranks_stop_together_and_the_chain_goes_on(tmp_path):
     """2 ddp ranks (their own srun step) are preempted: both stop at the same batch,
     checkpoint, and the job ends well within GraceTime; the next segment resumes there."""
-    proc, jobid = start_long_segment(tmp_path, "ddp")
-    freeze_training(ranks=2)
-    urgent = preempt_the_debug_partition()
-    output = proc.communicate(timeout=900)[0]
-    assert proc.returncode == 0, output[-3000:]
-    assert job_state(urgent) == "COMPLETED"
+    jobid = preempt_long_segment(tmp_path, "ddp", ranks=2)
     assert job_state(jobid) == "COMPLETED"  # no retry, no requeue: the job ended well
     logs = tmp_path / "results/logs/train/ddp"
     assert sorted(p.name for p in logs.glob("*.attempt*.log")) == [

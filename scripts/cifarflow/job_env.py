@@ -11,7 +11,7 @@ from pathlib import Path
 def put_engine_first(engine_dir: Path, environ=os.environ) -> None:
     """Jobs import the engine of the workflow's own checkout: first on PYTHONPATH, ahead of
     an installed copy (`pip install -e .` of another checkout) and in job venvs that hold
-    only requirements.txt (env.mode slurm_tmpdir)."""
+    only env.requirements (env.mode slurm_tmpdir)."""
     entries = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     if entries[:1] != [str(engine_dir)]:
         environ["PYTHONPATH"] = os.pathsep.join([str(engine_dir), *entries])
