@@ -54,7 +54,7 @@ def cmd_record_env(a) -> None:
 def cmd_aggregate(a) -> None:
     from .aggregate import aggregate
 
-    runs = json.loads(a.runs if a.runs.lstrip().startswith("{") else Path(a.runs).read_text())
+    runs = json.loads(Path(a.runs).read_text())
     aggregate(runs, Path(a.out_dir), Path(a.plots_dir or Path(a.out_dir) / "plots"),
               keep_missing=a.keep_missing)
 
@@ -112,7 +112,7 @@ def parser() -> argparse.ArgumentParser:
     r.set_defaults(func=cmd_record_env)
 
     g = sub.add_parser("aggregate", help="summary table, plots and advice")
-    g.add_argument("--runs", required=True, help="JSON (or a .json file) describing the runs")
+    g.add_argument("--runs", required=True, help="the runs' JSON file (written by the workflow)")
     g.add_argument("--out-dir", required=True)
     g.add_argument("--plots-dir", default=None)
     g.add_argument("--keep-missing", action="store_true")

@@ -21,18 +21,19 @@ rule aggregate_results:
             category="Plots",
             caption="../report/plots.rst",
         ),
+        runs=f"{RESULTS}/runs.json",
     log:
         f"{RESULTS}/logs/aggregate_results.log",
     params:
         cifarflow=CIFARFLOW,
         out_dir=lambda wildcards, output: Path(output.summary).parent,
-        runs=lambda wildcards, input: shlex.quote(
-            runs_json({name: input[name] for name in RUNS if name in input.keys()})
-        ),
-    shell:
-        "{params.cifarflow} aggregate --runs {params.runs} --out-dir {params.out_dir}"
-        " --plots-dir {output.plots}"
-        " > {log} 2>&1"
+    run:
+        # a file, not an argument: Linux caps one argument at 128 KiB (~150 runs)
+        write_runs_file(input, output.runs)
+        shell(
+            "{params.cifarflow} aggregate --runs {output.runs} --out-dir {params.out_dir}"
+            " --plots-dir {output.plots} > {log} 2>&1"
+        )
 
 
 # After `snakemake --keep-going` left some runs failed: `snakemake summarize_partial`
@@ -40,12 +41,15 @@ rule aggregate_results:
 rule summarize_partial:
     output:
         summary=f"{RESULTS}/partial/summary.csv",
+        runs=f"{RESULTS}/partial/runs.json",
     log:
         f"{RESULTS}/logs/summarize_partial.log",
     params:
         cifarflow=CIFARFLOW,
         out_dir=lambda wildcards, output: Path(output.summary).parent,
-        runs=lambda wildcards: shlex.quote(runs_json(existing_metrics())),
-    shell:
-        "{params.cifarflow} aggregate --runs {params.runs} --out-dir {params.out_dir}"
-        " --plots-dir {params.out_dir}/plots --keep-missing > {log} 2>&1"
+    run:
+        write_runs_file(existing_metrics(), output.runs)
+        shell(
+            "{params.cifarflow} aggregate --runs {output.runs} --out-dir {params.out_dir}"
+            " --plots-dir {params.out_dir}/plots --keep-missing > {log} 2>&1"
+        )

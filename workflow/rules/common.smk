@@ -309,20 +309,22 @@ def known_pruned_at(run):
         return None
 
 
-def runs_json(metrics):
-    """What aggregation needs to know about each run, metrics path included."""
-    return json.dumps(
-        {
-            name: {
-                "strategy": run.strategy,
-                "swept": run.swept,
-                "spec": run.spec,
-                "resources": run.resources,
-                "segments": segment_number(metrics.get(name, "")),
-                "metrics": metrics.get(name),
-                "pruned_at": known_pruned_at(name),
-                "planned_segments": len(run.segment_epochs),
-            }
-            for name, run in RUNS.items()
+def write_runs_file(metrics, path):
+    """What aggregation needs to know about each run, metrics path included: `metrics`
+    maps run names to their last metrics.jsonl (rule input or what exists)."""
+    metrics = {name: str(metrics[name]) for name in RUNS if name in metrics.keys()}
+    runs = {
+        name: {
+            "strategy": run.strategy,
+            "swept": run.swept,
+            "spec": run.spec,
+            "resources": run.resources,
+            "segments": segment_number(metrics.get(name, "")),
+            "metrics": metrics.get(name),
+            "pruned_at": known_pruned_at(name),
+            "planned_segments": len(run.segment_epochs),
         }
-    )
+        for name, run in RUNS.items()
+    }
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(runs, indent=1) + "\n")
