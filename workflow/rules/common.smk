@@ -124,10 +124,6 @@ KEEP_ATTEMPT_LOG = (
 )
 
 
-def run_prologue(wildcards):
-    return env_prologue(RUNS[wildcards.run].config.nodes)
-
-
 def slurm_placement():
     """slurm_account / slurm_partition for every job: config first, else the user's
     environment (SLURM_ACCOUNT, SLURM_PARTITION); absent means the cluster's default."""
@@ -152,6 +148,12 @@ def env_gpu_request():
 
 
 ENV_GPU = env_gpu_request()
+
+
+def run_name_pattern(strategies):
+    """Run names are the strategy, or the strategy, '_' and the swept values (plan.py): a
+    short constraint, where listing a sweep's thousand names would be matched per job."""
+    return f"({'|'.join(map(re.escape, strategies))})(_[^/]+)?"
 
 
 def run_dir(run):
@@ -202,19 +204,40 @@ def resource_keys(strategy):
     return sorted({key for name in runs_of(strategy) for key in RUNS[name].resources})
 
 
+def per_run(strategy, value_of):
+    """An attribute of a training rule, as one constant where all runs of the strategy share it (Snakemake
+    evaluates a function for every job, which a sweep of thousands of jobs feels), else
+    a function of the run wildcard."""
+    values = {name: value_of(RUNS[name]) for name in runs_of(strategy)}
+    if len(set(map(repr, values.values()))) == 1:
+        return next(iter(values.values()))
+    return lambda wildcards: values[wildcards.run]
+
+
+def get_threads(strategy):
+    return per_run(strategy, lambda run: run.threads)
+
+
+def get_prologue(strategy):
+    return per_run(strategy, lambda run: env_prologue(run.config.nodes))
+
+
+def get_launch_prefix(strategy):
+    """What the training command starts under: the strategy's launcher and wrappers."""
+    return per_run(strategy, lambda run: run.strategy_class.command_prefix(PYTHON, run))
+
+
 def run_resources(strategy):
-    """Rule resources: each a function of the run wildcard, plus {resources.mpi} for
-    strategies that start several processes (its presence tells the Slurm plugin not to
-    wrap the job in its own srun: our launcher calls srun itself)."""
+    """Rule resources, per run, plus {resources.mpi} for strategies that start several
+    processes (its presence tells the Slurm plugin not to wrap the job in its own srun:
+    our launcher calls srun itself)."""
     res = {
-        key: (lambda wildcards, key=key: RUNS[wildcards.run].resources[key])
+        key: per_run(strategy, lambda run, key=key: run.resources[key])
         for key in resource_keys(strategy)
     }
     res.update(SLURM_PLACEMENT)
     if get_strategy(strategy).launched:
-        res["mpi"] = lambda wildcards: RUNS[wildcards.run].strategy_class.launcher(
-            PYTHON, RUNS[wildcards.run]
-        )
+        res["mpi"] = per_run(strategy, lambda run: run.strategy_class.launcher(PYTHON, run))
     return res
 
 
@@ -275,12 +298,6 @@ def final_metrics():
     """One input function per run: each waits on its own chain, so Snakemake schedules
     all runs at once (an unpack()ed function would wake them one at a time)."""
     return {run: (lambda wildcards, run=run: f"{final_segment(run)}/metrics.jsonl") for run in RUNS}
-
-
-def launch_prefix(wildcards):
-    """What the training command starts under: the strategy's launcher and wrappers."""
-    run = RUNS[wildcards.run]
-    return run.strategy_class.command_prefix(PYTHON, run)
 
 
 def segment_number(path):

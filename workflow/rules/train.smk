@@ -5,7 +5,7 @@ rule write_run_spec:
     log:
         f"{RESULTS}/logs/write_run_spec/{{run}}.log",
     wildcard_constraints:
-        run="|".join(RUNS),
+        run=run_name_pattern(config["strategies"]),
     localrule: True
     params:
         spec=lambda wildcards: RUNS[wildcards.run].spec,
@@ -34,17 +34,17 @@ for _strategy in config["strategies"]:
         benchmark:
             f"{RESULTS}/benchmarks/train/{{run}}/segment-{{segment}}.tsv"
         wildcard_constraints:
-            run="|".join(runs_of(_strategy)),
+            run=run_name_pattern([_strategy]),
             segment=r"\d+",
-        threads: lambda wildcards: RUNS[wildcards.run].threads
+        threads: get_threads(_strategy)
         resources:
             **run_resources(_strategy),
             attempt=lambda wildcards, attempt: attempt,
         params:
             cifarflow=JOB_CIFARFLOW,
-            prologue=run_prologue,
+            prologue=get_prologue(_strategy),
             args=train_params,
-            launch=launch_prefix,
+            launch=get_launch_prefix(_strategy),
         shell:
             "trap '' TERM; ({params.prologue}{params.launch} {params.cifarflow} train"
             " --spec {input.spec} {params.args} --threads {resources.cpus_per_task}"
