@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 MANIFEST = "checkpoint.json"
+METRICS = "metrics.jsonl"  # one JSON line per epoch, in every published checkpoint
 FORMAT = 1
 
 
@@ -91,6 +92,13 @@ def read_manifest(directory: Path, verify: bool = True) -> dict:
             if sha256_file(f) != want["sha256"]:
                 raise CheckpointError(f"corrupt checkpoint: {f} fails its sha256 check")
     return manifest
+
+
+def read_metrics(directory: Path) -> list[dict]:
+    """The epoch records of a checkpoint directory (or of a metrics.jsonl path)."""
+    path = Path(directory)
+    path = path if path.name == METRICS else path / METRICS
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def staging_path(directory: Path) -> Path:

@@ -45,6 +45,15 @@ def cmd_train(a) -> None:
                  tensorboard_dir=Path(a.tensorboard) if a.tensorboard else None)
 
 
+def cmd_train_pack(a) -> None:
+    from .pack import run_pack
+
+    sys.exit(run_pack(a.pack, a.segment, a.members, results=a.results, data=a.data,
+                      until_epoch=a.until_epoch, threads=a.threads, budget_min=a.budget_min,
+                      mem_per_cpu=a.mem_per_cpu, gpus=a.gpus, slots=a.slots,
+                      record=Path(a.record)))
+
+
 def cmd_record_env(a) -> None:
     from .environment import record_environment
 
@@ -104,6 +113,21 @@ def parser() -> argparse.ArgumentParser:
                    "(rank 0 writes event files there); none: no event files")
     t.set_defaults(func=cmd_train)
 
+    k = sub.add_parser("train-pack", help="train one segment of several runs at once (a pack)")
+    k.add_argument("--pack", required=True)
+    k.add_argument("--segment", type=int, required=True)
+    k.add_argument("--members", nargs="+", required=True, help="the runs this job trains")
+    k.add_argument("--results", required=True, help="the workflow's results directory")
+    k.add_argument("--data", required=True, help="the cifar-10-batches-py directory")
+    k.add_argument("--until-epoch", type=int, required=True)
+    k.add_argument("--threads", type=int, required=True, help="cores per member")
+    k.add_argument("--budget-min", type=float, required=True)
+    k.add_argument("--mem-per-cpu", type=int, required=True, help="MB, per member's core (Slurm)")
+    k.add_argument("--gpus", type=int, default=0, help="GPUs per member (Slurm)")
+    k.add_argument("--slots", type=int, default=1, help="cores of the job outside Slurm")
+    k.add_argument("--record", required=True, help="the pack's record, written last")
+    k.set_defaults(func=cmd_train_pack)
+
     r = sub.add_parser("record-env", help="write the software environment")
     r.add_argument("--out", required=True)
     r.add_argument("--freeze", required=True)
@@ -131,7 +155,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["train"]:  # before torch imports: a preemption notice is never lost
+    if argv[:1] in (["train"], ["train-pack"]):  # before torch imports: no notice is lost
         from . import stop_signals
 
         stop_signals.listen()

@@ -38,7 +38,7 @@ from .gpu_monitor import GpuSampler, nvml_reader
 from .loaders import Split, TensorBatches, TorchvisionBatches, eval_batches
 from .models import build_model
 
-METRICS = "metrics.jsonl"
+METRICS = ckpt.METRICS
 # TensorBoard tag -> metrics.jsonl field, written at every epoch's end
 EPOCH_SCALARS = {"train/loss_epoch": "train_loss", "train/acc": "train_acc",
                  "test/acc": "test_acc", "lr": "lr", "throughput/images_per_sec": "images_per_sec"}

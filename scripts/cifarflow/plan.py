@@ -32,6 +32,17 @@ COMMON_SECTIONS = ("train", "resources")
 
 
 @dataclass
+class Pack:
+    """Runs of one strategy and one request whose segment k one job trains at once: one
+    member per task (cpus_per_task cores, and a GPU where the strategy trains on one)."""
+    name: str
+    strategy: str
+    members: list                # run names, in plan order
+    member_resources: dict       # the request of one member (what each run asks alone)
+    segment_epochs: list
+
+
+@dataclass
 class Run:
     name: str
     strategy: str
@@ -97,6 +108,33 @@ def plan_run(strategy: str, config: dict, swept: dict) -> Run:
     return Run(name, strategy, swept, cfg, job,
                segment_epochs=segment_targets(cfg.epochs, int(sections["segments"]["count"])),
                threads=int(res["cpus_per_task"]) * world)
+
+
+def packable(cls: type[Strategy]) -> bool:
+    """One process per run: a pack member is one task of the job (several processes per
+    member would need a step of their own geometry: those runs stay one job each)."""
+    return not cls.launched
+
+
+def build_packs(runs: dict[str, Run], runs_per_job: int) -> dict[str, Pack]:
+    """Packs of at most ``runs_per_job`` runs, in plan order, of the same strategy, request
+    and segment plan (never a member in a job of the wrong size). Empty for 1."""
+    if runs_per_job <= 1:
+        return {}
+    groups: dict[tuple, list[Run]] = {}
+    for run in runs.values():
+        if packable(run.strategy_class):
+            key = (run.strategy, repr(sorted(run.resources.items())), tuple(run.segment_epochs))
+            groups.setdefault(key, []).append(run)
+    packs, count = {}, {}
+    for (strategy, _, _), members in groups.items():
+        for i in range(0, len(members), runs_per_job):
+            chunk = members[i:i + runs_per_job]
+            n = count[strategy] = count.get(strategy, 0) + 1
+            name = f"{strategy}-pack{n:03d}"
+            packs[name] = Pack(name, strategy, [r.name for r in chunk], dict(chunk[0].resources),
+                               list(chunk[0].segment_epochs))
+    return packs
 
 
 def build_runs(config: dict) -> dict[str, Run]:

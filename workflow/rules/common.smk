@@ -23,8 +23,9 @@ from cifarflow.job_env import keep_slurm_job_values, put_engine_first  # noqa: E
 put_engine_first(SCRIPTS)
 keep_slurm_job_values()
 
-from cifarflow.plan import build_runs, check_user_models  # noqa: E402  (no torch import)
-from cifarflow.prune import prune_mode, survivors  # noqa: E402
+from cifarflow.plan import build_packs, build_runs, check_user_models  # noqa: E402  (no torch)
+from cifarflow.chain import Chain  # noqa: E402
+from cifarflow.layout import RunPaths, pack_marker, segment_number  # noqa: E402
 from cifarflow.strategies import get_strategy  # noqa: E402
 from cifarflow.strategies.base import gpu_request  # noqa: E402
 
@@ -77,6 +78,17 @@ def job_command():
 CIFARFLOW = installed_command(sysconfig.get_path("scripts"))
 JOB_CIFARFLOW = job_command()
 MAX_SEGMENTS = config["segments"]["count"] + config["segments"]["max_extra"]
+PACKS = build_packs(RUNS, config["pack"]["runs_per_job"])
+PACKED = sorted({pack.strategy for pack in PACKS.values()})
+UNPACKED = [s for s in config["strategies"] if s not in PACKED]
+if config["pack"]["runs_per_job"] > 1 and workflow.is_main_process:
+    logger.info(
+        f"pack: {sum(len(p.members) for p in PACKS.values())} runs of "
+        f"{', '.join(PACKED) or 'no strategy'} in {len(PACKS)} packs of up to "
+        f"{config['pack']['runs_per_job']}, one job per pack and segment"
+        + (f"; {', '.join(UNPACKED)} (several processes per run): one job per run and segment"
+           if UNPACKED else "")
+    )
 
 
 def fetch_args():
@@ -241,68 +253,102 @@ def run_resources(strategy):
     return res
 
 
+def pack_name_pattern(strategy):
+    return f"{re.escape(strategy)}-pack\\d+"
+
+
+def pack_members(wildcards):
+    """The runs a pack's segment job trains (all, but after pruning and in extra segments)."""
+    return CHAIN.members(wildcards.pack, int(wildcards.segment))
+
+
+def previous_pack_segment(wildcards):
+    k = int(wildcards.segment)
+    return pack_marker(RESULTS, wildcards.pack, k - 1) if k > 1 else []
+
+
+def pack_specs(wildcards):
+    return [RunPaths(RESULTS, run).spec for run in PACKS[wildcards.pack].members]
+
+
+def pack_params(wildcards):
+    """Where the pack's members read and write, and what each gets."""
+    pack, k = PACKS[wildcards.pack], int(wildcards.segment)
+    member = pack.member_resources
+    args = [
+        "--pack", pack.name, "--segment", str(k), "--results", RESULTS, "--data", BATCHES,
+        "--until-epoch", str(RUNS[pack.members[0]].until_epoch(k)),
+        "--mem-per-cpu", str(mem_per_cpu(member)),
+        "--gpus", str(RUNS[pack.members[0]].strategy_class.gpus_per_node(
+            RUNS[pack.members[0]].config)),
+        "--members", *pack_members(wildcards),
+    ]
+    return shlex.join(args)
+
+
+def mem_per_cpu(member):
+    return -(-int(member["mem_mb"]) // int(member["cpus_per_task"]))
+
+
+def pack_resources(strategy):
+    """The request of a pack's segment: one task per member it trains, each with the
+    member's own cores, memory (per core, so members may spread over nodes) and GPU.
+    `mpi` tells the Slurm plugin not to wrap the job in a step of its own: each member is
+    one; empty for one member (the plugin refuses an mpi job of one task), which the
+    jobstep still runs outside a step of its own."""
+
+    def member(wildcards, key):
+        return PACKS[wildcards.pack].member_resources[key]
+
+    def tasks(wildcards):
+        return len(pack_members(wildcards))
+
+    res = {
+        "tasks": tasks,
+        "cpus_per_task": lambda wildcards: member(wildcards, "cpus_per_task"),
+        "mem_mb_per_cpu": lambda wildcards: mem_per_cpu(PACKS[wildcards.pack].member_resources),
+        "runtime": lambda wildcards: member(wildcards, "runtime"),
+        "mpi": lambda wildcards: "srun" if tasks(wildcards) > 1 else "",
+    }
+    if get_strategy(strategy).device_kind == "cuda":
+        res["gres"] = lambda wildcards: gpu_request(
+            config["resources"]["gpu_model"], tasks(wildcards)
+        )["gres"]
+        res["tasks_per_gpu"] = 0
+        res["nodes"] = 1  # a pack's GPUs on one node
+    res.update(SLURM_PLACEMENT)
+    return res
+
+
+def pack_threads(wildcards):
+    """Cores the local scheduler reserves: the members' together."""
+    return len(pack_members(wildcards)) * PACKS[wildcards.pack].member_resources["cpus_per_task"]
+
+
 def segment_output(run, k):
-    """Segment k of a run: an IncompleteCheckpointException until it has run."""
+    """Segment k of a run, once its job (its own, or its pack's) ran: until then an
+    IncompleteCheckpointException, which schedules that job."""
     train_rule = getattr(checkpoints, f"train_{RUNS[run].strategy}")
+    if run in CHAIN.pack_of:
+        train_rule.get(pack=CHAIN.pack_of[run], segment=k)
+        return RunPaths(RESULTS, run).segment(k)
     return train_rule.get(run=run, segment=k).output.ckpt
 
 
-def last_epoch(segment, metric):
-    lines = (Path(segment) / "metrics.jsonl").read_text().splitlines()
-    return json.loads(lines[-1]).get(metric) if lines else None
-
-
-@functools.cache  # computed once every segment it needs exists: then it cannot change
-def alive_after(strategy, point):
-    """Runs of a strategy that go on after segment `point`: successive halving at each
-    pruning point up to it, a barrier across the runs still alive there."""
-    alive = runs_of(strategy)
-    for p in sorted(k for k in PRUNE["at_segments"] if k <= point):
-        scores = {run: last_epoch(segment_output(run, p), PRUNE["metric"]) for run in alive}
-        alive = survivors(scores, prune_mode(PRUNE), PRUNE["keep"], PRUNE["min_runs"])
-    return tuple(alive)
-
-
-def pruned_at(run):
-    """The segment after which the run was pruned, or None."""
-    for point in sorted(PRUNE["at_segments"]) if PRUNE else []:
-        segment_output(run, point)  # its own first, so all alive runs train it at once
-        if run not in alive_after(RUNS[run].strategy, point):
-            return point
-    return None
+CHAIN = Chain(RUNS, PACKS, PRUNE, MAX_SEGMENTS, segment_output, IncompleteCheckpointException)
 
 
 def final_segment(run):
-    """Walk the chain: up to each pruning point (where the run may stop), then the planned
-    last segment, plus extra ones while a segment stopped early (time budget or signal).
-    Each is a Snakemake checkpoint, so the DAG is re-evaluated after it and grows only when
-    needed."""
-    cut = pruned_at(run)
-    if cut is not None:
-        return segment_output(run, cut)
-    k = len(RUNS[run].segment_epochs)
-    while True:
-        out = segment_output(run, k)
-        manifest = json.loads((Path(out) / "checkpoint.json").read_text())
-        if manifest["done"]:
-            return out
-        if k >= MAX_SEGMENTS:
-            raise WorkflowError(
-                f"run {run}: not finished after {k} segments; raise "
-                "resources.runtime or segments.max_extra"
-            )
-        k += 1
+    try:
+        return CHAIN.final_segment(run)
+    except ValueError as exc:
+        raise WorkflowError(str(exc))
 
 
 def final_metrics():
     """One input function per run: each waits on its own chain, so Snakemake schedules
     all runs at once (an unpack()ed function would wake them one at a time)."""
     return {run: (lambda wildcards, run=run: f"{final_segment(run)}/metrics.jsonl") for run in RUNS}
-
-
-def segment_number(path):
-    found = re.search(r"segment-(\d+)", str(path))
-    return int(found.group(1)) if found else None
 
 
 def existing_metrics():
@@ -318,14 +364,6 @@ def existing_metrics():
     return found
 
 
-def known_pruned_at(run):
-    """pruned_at, or None while the ranking is not known yet (partial summaries)."""
-    try:
-        return pruned_at(run)
-    except IncompleteCheckpointException:
-        return None
-
-
 def write_runs_file(metrics, path):
     """What aggregation needs to know about each run, metrics path included: `metrics`
     maps run names to their last metrics.jsonl (rule input or what exists)."""
@@ -338,7 +376,7 @@ def write_runs_file(metrics, path):
             "resources": run.resources,
             "segments": segment_number(metrics.get(name, "")),
             "metrics": metrics.get(name),
-            "pruned_at": known_pruned_at(name),
+            "pruned_at": CHAIN.known_pruned_at(name),
             "planned_segments": len(run.segment_epochs),
         }
         for name, run in RUNS.items()
