@@ -86,8 +86,11 @@ if config["pack"]["runs_per_job"] > 1 and workflow.is_main_process:
         f"pack: {sum(len(p.members) for p in PACKS.values())} runs of "
         f"{', '.join(PACKED) or 'no strategy'} in {len(PACKS)} packs of up to "
         f"{config['pack']['runs_per_job']}, one job per pack and segment"
-        + (f"; {', '.join(UNPACKED)} (several processes per run): one job per run and segment"
-           if UNPACKED else "")
+        + (
+            f"; {', '.join(UNPACKED)} (several processes per run): one job per run and segment"
+            if UNPACKED
+            else ""
+        )
     )
 
 
@@ -274,16 +277,18 @@ def pack_specs(wildcards):
 def pack_params(wildcards):
     """Where the pack's members read and write, and what each gets."""
     pack, k = PACKS[wildcards.pack], int(wildcards.segment)
-    member = pack.member_resources
-    args = [
-        "--pack", pack.name, "--segment", str(k), "--results", RESULTS, "--data", BATCHES,
-        "--until-epoch", str(RUNS[pack.members[0]].until_epoch(k)),
-        "--mem-per-cpu", str(mem_per_cpu(member)),
-        "--gpus", str(RUNS[pack.members[0]].strategy_class.gpus_per_node(
-            RUNS[pack.members[0]].config)),
-        "--members", *pack_members(wildcards),
-    ]
-    return shlex.join(args)
+    first = RUNS[pack.members[0]]  # the members share strategy, request and segment plan
+    options = {
+        "pack": pack.name,
+        "segment": k,
+        "results": RESULTS,
+        "data": BATCHES,
+        "until-epoch": first.until_epoch(k),
+        "mem-per-cpu": mem_per_cpu(pack.member_resources),
+        "gpus": first.strategy_class.gpus_per_node(first.config),
+    }
+    args = [f"--{key}={value}" for key, value in options.items()]
+    return shlex.join(args + ["--members", *pack_members(wildcards)])
 
 
 def mem_per_cpu(member):
