@@ -112,10 +112,10 @@ def train_job_id(comment: str) -> str | None:
     return next((line.split()[0] for line in out.splitlines() if line.endswith(comment)), None)
 
 
-def start_slurm(workdir, *configfiles) -> subprocess.Popen:
+def start_slurm(workdir, *configfiles, args=()) -> subprocess.Popen:
     """snakemake --profile profiles/slurm in the background, output captured."""
     cmd = [str(Path(PY).parent / "snakemake"), "-s", str(ROOT / "Snakefile"), "--directory",
-           str(workdir), "--profile", str(ROOT / "profiles/slurm"), *FAST_POLLING,
+           str(workdir), "--profile", str(ROOT / "profiles/slurm"), *FAST_POLLING, *args,
            "--configfile", *map(str, configfiles)]
     return subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
