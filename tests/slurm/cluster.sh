@@ -217,6 +217,8 @@ PreemptMode=REQUEUE
 PartitionName=debug Nodes=${SHORT} Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO PriorityTier=1 GraceTime=20
 PartitionName=urgent Nodes=${SHORT} Default=NO MaxTime=INFINITE State=UP OverSubscribe=NO PriorityTier=2 PreemptMode=OFF
 PartitionName=multi Nodes=$(node_names | tr ' ' ,) Default=NO MaxTime=INFINITE State=UP OverSubscribe=NO PriorityTier=1
+# a time limit, for the plan's check against the cluster's limits
+PartitionName=short Nodes=${SHORT} Default=NO MaxTime=5 State=UP OverSubscribe=NO PriorityTier=1
 CONF
     install -d -m 0755 "$CONF_DIR"
     echo "NodeName=$(node_names | tr ' ' ,) Name=gpu File=/dev/cifarflow-gpu[0-$(( FAKE_GPUS - 1 ))]" \

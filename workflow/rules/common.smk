@@ -26,6 +26,7 @@ keep_slurm_job_values()
 from cifarflow.plan import build_packs, build_runs, check_user_models  # noqa: E402  (no torch)
 from cifarflow.chain import Chain  # noqa: E402
 from cifarflow.layout import RunPaths, pack_marker, segment_number  # noqa: E402
+from cifarflow.limits import check_plan, read_limits  # noqa: E402
 from cifarflow.strategies import get_strategy  # noqa: E402
 from cifarflow.strategies.base import gpu_request  # noqa: E402
 
@@ -92,6 +93,33 @@ if config["pack"]["runs_per_job"] > 1 and workflow.is_main_process:
             else ""
         )
     )
+
+
+def check_plan_against_cluster():
+    """`snakemake -n` says what the plan submits and, where Slurm tells, whether it fits;
+    refusals stop a run with --jobs (profiles/slurm), else they are warnings."""
+    units = [p.members for p in PACKS.values()]
+    units += [[name] for name, run in RUNS.items() if name not in CHAIN.pack_of]
+    runtimes = {}
+    for name, run in RUNS.items():
+        runtimes.setdefault(run.resources["runtime"], []).append(name)
+    segments = [len(RUNS[members[0]].segment_epochs) for members in units]
+    partition = SLURM_PLACEMENT.get("slurm_partition", "")
+    lines, errors = check_plan(
+        len(RUNS),
+        len(units),
+        max(segments),
+        sum(segments),
+        runtimes,
+        read_limits(partition),
+        workflow.resource_settings.nodes,
+    )
+    for line in lines:
+        logger.info(line)
+    if errors and workflow.resource_settings.nodes:
+        raise WorkflowError("\n".join(errors))
+    for error in errors:
+        logger.warning(f"WARNING: {error} (a run through profiles/slurm stops here)")
 
 
 def fetch_args():
@@ -341,6 +369,8 @@ def segment_output(run, k):
 
 
 CHAIN = Chain(RUNS, PACKS, PRUNE, MAX_SEGMENTS, segment_output, IncompleteCheckpointException)
+if workflow.is_main_process:
+    check_plan_against_cluster()
 
 
 def final_segment(run):
