@@ -2,6 +2,7 @@
 refusals, and a real sweep through snakemake."""
 
 import csv
+import json
 import math
 import re
 
@@ -106,3 +107,28 @@ def test_without_pruning_a_pruned_run_resumes_to_the_end(pruned_sweep, tmp_path)
         ("ok", "3", "")
     log = (work / f"results/logs/train/{pruned}/segment-2.log").read_text()
     assert f"resumed from results/runs/{pruned}/segment-1 at epoch 2, batch 0" in log
+
+
+def test_packed_pruning_trains_the_same_segments_as_unpacked(pruned_sweep, tmp_path):
+    """The same sweep in packs of 4: a pack's segment job after a pruning point trains its
+    survivors only, a pack without survivors submits nothing, and every run ends where it
+    ended unpacked, with the same weights."""
+    work, _, _ = pruned_sweep
+    packed = tmp_path / "packed.yaml"
+    packed.write_text(CONFIG.read_text() + "pack: {runs_per_job: 4}\n")
+    snakemake(tmp_path, "--cores", 2, configfile=packed)
+    unpacked, rows = rows_of(work), rows_of(tmp_path)
+    for run, row in unpacked.items():
+        assert (rows[run]["status"], rows[run]["segments"], rows[run]["pruned_at"]) == \
+            (row["status"], row["segments"], row["pruned_at"]), run
+        last = tmp_path / f"results/runs/{run}/segment-{row['segments']}"
+        assert_bit_identical(state_of(last)["model"],
+                             state_of(work / f"results/runs/{run}/segment-{row['segments']}")["model"])
+    for record in (tmp_path / "results/packs").glob("*/segment-*.json"):
+        k = int(record.stem.split("-")[1])
+        members = json.loads(record.read_text())["members"]
+        assert sorted(members) == sorted(r for r in members if int(unpacked[r]["segments"]) >= k)
+        assert members, record  # no job without a member
+    trained = sorted(len(json.loads(r.read_text())["members"])
+                     for r in (tmp_path / "results/packs").glob("*/segment-*.json"))
+    assert sum(trained) == 8 + 4 + 2

@@ -11,7 +11,7 @@ COLUMNS = ["run", "strategy", "device", "model", "batch_size", "world_size", "cp
            "epoch_s", "peak_mem_mb", "gpu_util_pct", "segments", "attempts", "requeues",
            "early_stops", "slurm_job_ids", "hosts", "status", "pruned_at", "resized",
            "fallbacks"]
-SCALING_KEYS = ("world_size", "replicas")
+MAX_BARS, MAX_LEGEND = 50, 20  # plots of big sweeps stay readable
 
 
 def load_history(path: Path) -> list[dict]:
@@ -162,13 +162,17 @@ def plot_all(df, histories: dict, out_dir: Path) -> dict:
     import matplotlib.pyplot as plt
 
     paths = {}
-    shown = df[df.status.isin(["ok", "pruned"])].iloc[::-1]  # first run at the top
+    shown = df[df.status.isin(["ok", "pruned"])]
+    if len(shown) > MAX_BARS:  # a big sweep: its best runs, readable
+        shown = shown.sort_values(["test_acc", "run"], ascending=[False, True]).head(MAX_BARS)
+    shown = shown.iloc[::-1]  # first run at the top
 
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, max(3, 0.35 * len(shown) + 1.5)))
     hatch = ["//" if s == "pruned" else "" for s in shown.status]
     a1.barh(shown.run, shown.images_per_sec, color="tab:blue", hatch=hatch, edgecolor="white")
     a1.set_xlabel("training images / s")
-    a1.set_title("throughput")
+    a1.set_title("throughput" if len(shown) == (df.status.isin(["ok", "pruned"])).sum()
+                 else f"throughput, the {len(shown)} most accurate runs")
     a2.barh(shown.run, shown.test_acc, color="tab:green", hatch=hatch, edgecolor="white")
     a2.set_xlabel("test accuracy (hatched: pruned)" if "pruned" in set(shown.status)
                   else "test accuracy")
@@ -197,7 +201,8 @@ def plot_all(df, histories: dict, out_dir: Path) -> dict:
         ax.set_xlabel("epoch")
         loss = title == "train loss"
         _axes_style(ax, integer_x=True, zero_y=not loss, log_y=loss)
-    axes[0].legend(fontsize=7)
+    if len(histories) <= MAX_LEGEND:
+        axes[0].legend(fontsize=7)
     fig.tight_layout()
     paths["curves"] = out_dir / "curves.png"
     fig.savefig(paths["curves"], dpi=110)

@@ -24,6 +24,8 @@ rule aggregate_results:
         runs=f"{RESULTS}/runs.json",
     log:
         f"{RESULTS}/logs/aggregate_results.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/aggregate_results.tsv"
     params:
         cifarflow=CIFARFLOW,
         out_dir=lambda wildcards, output: Path(output.summary).parent,
