@@ -44,8 +44,8 @@ test: lint debian-packages  ## the whole suite (starts the test Slurm cluster: t
 	bash tests/slurm/cluster.sh start
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest -v tests
 
-test-fast: $(DEV_STAMP)  ## without the real-Slurm tests
-	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest -v -m "not slurm" tests
+test-fast: $(DEV_STAMP)  ## the edit-test loop: tests/unit and tests/integration, no Slurm
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest -q tests/unit tests/integration
 
 bench: $(STAMP)
 	$(PY) bench/bench.py

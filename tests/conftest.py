@@ -107,8 +107,7 @@ def assert_bit_identical(sd_a: dict, sd_b: dict) -> None:
         assert torch.equal(sd_a[key], sd_b[key]), f"{key} differs"
 
 
-def snakemake(workdir: Path, *args, configfile=None, config=(), check=True, timeout=900,
-              env=None) -> subprocess.CompletedProcess:
+def snakemake_command(workdir: Path, *args, configfile=None, config=()) -> list[str]:
     cmd = [str(Path(PY).parent / "snakemake"), "-s", str(ROOT / "Snakefile"),
            "--directory", str(workdir)]
     if configfile:
@@ -116,10 +115,79 @@ def snakemake(workdir: Path, *args, configfile=None, config=(), check=True, time
         cmd += ["--configfile", *map(str, files)]
     if config:
         cmd += ["--config", *config]
-    cmd += list(map(str, args))
+    return cmd + list(map(str, args))
+
+
+def start_snakemake(workdir: Path, *args, configfile=None, **popen) -> subprocess.Popen:
+    """snakemake in the background, its output captured (text)."""
+    return subprocess.Popen(snakemake_command(workdir, *args, configfile=configfile), env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen)
+
+
+def snakemake(workdir: Path, *args, configfile=None, config=(), check=True, timeout=900,
+              env=None) -> subprocess.CompletedProcess:
+    cmd = snakemake_command(workdir, *args, configfile=configfile, config=config)
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
                          env={**ENV, **(env or {})})
     if check and out.returncode != 0:
         raise AssertionError(f"snakemake failed ({out.returncode}):\n{out.stdout[-4000:]}\n"
                              f"{out.stderr[-6000:]}")
     return out
+
+
+def summary_rows(workdir: Path, name: str = "results/summary.csv") -> dict[str, dict]:
+    """summary.csv of a finished workflow, by run name."""
+    import csv
+
+    with open(Path(workdir) / name) as f:
+        return {row["run"]: row for row in csv.DictReader(f)}
+
+
+def final_states(workdir: Path) -> dict:
+    """Every run's last published segment (state.pt), by run name."""
+    return {run.name: state_of(max(run.glob("segment-*"), key=lambda p: int(p.name[8:])))
+            for run in sorted((Path(workdir) / "results/runs").iterdir())}
+
+
+def process_tree(pid: int) -> list[int]:
+    """Every process under `pid`: this test's own processes, never others on the machine."""
+    out, todo = [], [pid]
+    while todo:
+        parent = todo.pop()
+        found = []
+        for task in Path(f"/proc/{parent}/task").glob("*"):  # threads start processes too
+            try:
+                found += [int(c) for c in (task / "children").read_text().split()]
+            except OSError:
+                pass
+        out += found
+        todo += found
+    return out
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+SWEEP = ("strategies: [cpu]\ndata: {{source: synthetic, synthetic: {{train_size: 1000, "
+         "test_size: 200}}}}\ntrain: {{epochs: 2, batch_size: 100, log_interval_s: 100}}\n"
+         "segments: {{count: 2}}\nresources: {{cpus_per_task: 1, mem_mb: 1000, runtime: 10}}\n"
+         "sweep: {{lr: {lrs}}}\npack: {{runs_per_job: {k}}}\n")
+
+
+def sweep_config(path: Path, runs: int, runs_per_job: int) -> Path:
+    """A sweep of tiny cpu runs (2 epochs in 2 segments), in packs of runs_per_job."""
+    path.write_text(SWEEP.format(lrs=[round(0.01 * (i + 1), 4) for i in range(runs)],
+                                 k=runs_per_job))
+    return path
+
+
+@pytest.fixture(scope="session")
+def unpacked_sweep(tmp_path_factory) -> dict:
+    """The 16-run sweep unpacked, trained locally: what every packed run must equal."""
+    work = tmp_path_factory.mktemp("unpacked")
+    snakemake(work, "--cores", "2", configfile=sweep_config(work / "c.yaml", 16, 1))
+    return final_states(work)

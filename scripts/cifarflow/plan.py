@@ -16,19 +16,30 @@ from .config import TrainConfig, data_identity
 from .prune import check_prune
 from .strategies import Strategy, get_strategy, registered
 
-# sweep key -> (short name in run names, config section it overrides). A key of a section
-# other than train/resources applies to the strategies that read that section.
-SWEEP_KEYS = {
+# sweep key -> (short name in run names, config section it overrides), for every strategy;
+# a strategy adds its own (Strategy.sweep_keys), of a section it reads (config_sections)
+COMMON_SWEEP_KEYS = {
     "batch_size": ("bs", "train"),
     "lr": ("lr", "train"),
     "model": ("", "train"),
     "num_workers": ("nw", "train"),
     "loader": ("", "train"),
     "cpus_per_task": ("cpus", "resources"),
-    "world_size": ("ws", "distributed"),
-    "replicas": ("rep", "mps"),
 }
 COMMON_SECTIONS = ("train", "resources")
+
+
+def sweep_keys() -> dict:
+    keys = dict(COMMON_SWEEP_KEYS)
+    for cls in registered().values():
+        keys.update(cls.sweep_keys)
+    return keys
+
+
+def config_sections() -> tuple:
+    """The sections a run's plan reads: the common ones, segments, and the strategies'."""
+    extra = sorted({s for cls in registered().values() for s in cls.config_sections})
+    return COMMON_SECTIONS + ("segments",) + tuple(extra)
 
 
 @dataclass
@@ -72,7 +83,7 @@ def segment_targets(epochs: int, count: int) -> list[int]:
 
 
 def _label(key: str, value) -> str:
-    short = SWEEP_KEYS[key][0]
+    short = sweep_keys()[key][0]
     if key == "model" and ":" in str(value):
         value = str(value).split(":")[1]  # package.module:factory -> factory
     text = str(value).replace(".", "p").replace("-", "m")
@@ -81,7 +92,7 @@ def _label(key: str, value) -> str:
 
 def sweep_combos(cls: type[Strategy], sweep: dict) -> list[dict]:
     sections = COMMON_SECTIONS + tuple(cls.config_sections)
-    keys = [k for k in sweep if SWEEP_KEYS[k][1] in sections]
+    keys = [k for k in sweep if sweep_keys()[k][1] in sections]
     values = [sweep[k] if isinstance(sweep[k], list) else [sweep[k]] for k in keys]
     return [dict(zip(keys, combo)) for combo in itertools.product(*values)]
 
@@ -89,10 +100,9 @@ def sweep_combos(cls: type[Strategy], sweep: dict) -> list[dict]:
 def plan_run(strategy: str, config: dict, swept: dict) -> Run:
     """One run of a schema-complete config (snakemake's validate, or ``with_defaults``)."""
     cls = get_strategy(strategy)
-    sections = {name: dict(config[name]) for name in
-                ("train", "resources", "distributed", "mps", "segments")}
+    sections = {name: dict(config[name]) for name in config_sections()}
     for key, value in swept.items():
-        sections[SWEEP_KEYS[key][1]][key] = value
+        sections[sweep_keys()[key][1]][key] = value
     name = "_".join([strategy] + [_label(k, v) for k, v in swept.items()])
     train, res = sections["train"], sections["resources"]
     if train["loader"] == "torchvision" and not train["num_workers"]:
@@ -145,9 +155,9 @@ def build_runs(config: dict) -> dict[str, Run]:
     sweep = dict(config.get("sweep") or {})
     check_prune(sweep.pop("prune", None),
                 min(int(config["segments"]["count"]), int(config["train"]["epochs"])))
-    unknown = sorted(set(sweep) - set(SWEEP_KEYS))
+    unknown = sorted(set(sweep) - set(sweep_keys()))
     if unknown:
-        raise ValueError(f"sweep: unknown key(s) {unknown}; sweepable: {sorted(SWEEP_KEYS)}")
+        raise ValueError(f"sweep: unknown key(s) {unknown}; sweepable: {sorted(sweep_keys())}")
     runs: dict[str, Run] = {}
     for strategy in config["strategies"]:
         for swept in sweep_combos(get_strategy(strategy), sweep):

@@ -7,7 +7,7 @@ import sys
 import sysconfig
 from pathlib import Path
 
-from snakemake.exceptions import IncompleteCheckpointException
+from snakemake.exceptions import IncompleteCheckpointException, WorkflowError
 from snakemake.logging import logger
 from snakemake.utils import validate
 

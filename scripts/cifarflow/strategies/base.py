@@ -56,6 +56,7 @@ def apply_cuda_switches(cfg) -> None:
 class Strategy:
     name: ClassVar[str] = ""
     config_sections: ClassVar[tuple] = ()  # sections besides train/resources it reads
+    sweep_keys: ClassVar[dict] = {}        # its own sweep keys: name -> (label, section)
     device_kind: ClassVar[str] = "cpu"     # cpu | cuda: what a single process trains on
     launched: ClassVar[bool] = False       # several processes, started by {resources.mpi}
     self_spawning: ClassVar[bool] = False  # starts its own workers outside Slurm

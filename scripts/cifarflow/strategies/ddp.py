@@ -112,6 +112,7 @@ def resolve(addr: str) -> str:
 class DDPStrategy(Strategy):
     name = "ddp"
     config_sections = ("distributed",)
+    sweep_keys = {"world_size": ("ws", "distributed")}
     launched = True
     gpu_per_rank = True  # two ranks on one GPU is a wrong request (mps shares on purpose)
 

@@ -47,27 +47,28 @@ class FSDPStrategy(DDPStrategy):
 
         return ShardedCheckpointer(self)
 
-    def _options(self, full: bool):
+    def _options(self):
+        """Sharded state dicts: every rank saves and loads its own shards (DCP)."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions
 
-        return StateDictOptions(full_state_dict=full, cpu_offload=full)
+        return StateDictOptions(full_state_dict=False, cpu_offload=False)
 
-    def model_state(self, model, full: bool = False):
+    def model_state(self, model):
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-        return get_model_state_dict(self.unwrap(model), options=self._options(full))
+        return get_model_state_dict(self.unwrap(model), options=self._options())
 
     def load_model_state(self, model, state):
         from torch.distributed.checkpoint.state_dict import set_model_state_dict
 
-        set_model_state_dict(self.unwrap(model), state, options=self._options(False))
+        set_model_state_dict(self.unwrap(model), state, options=self._options())
 
     def optimizer_state(self, model, optimizer):
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-        return get_optimizer_state_dict(self.unwrap(model), optimizer, options=self._options(False))
+        return get_optimizer_state_dict(self.unwrap(model), optimizer, options=self._options())
 
     def load_optimizer_state(self, model, optimizer, state):
         from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
-        set_optimizer_state_dict(self.unwrap(model), optimizer, state, options=self._options(False))
+        set_optimizer_state_dict(self.unwrap(model), optimizer, state, options=self._options())

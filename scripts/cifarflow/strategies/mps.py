@@ -10,6 +10,7 @@ from .ddp import DDPStrategy
 class MPSStrategy(DDPStrategy):
     name = "mps"
     config_sections = ("mps",)
+    sweep_keys = {"replicas": ("rep", "mps")}
     gpu_per_rank = False  # the replicas share one GPU
 
     @classmethod

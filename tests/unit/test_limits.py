@@ -2,8 +2,7 @@
 
 import pytest
 
-from conftest import ROOT, snakemake
-from cifarflow.limits import check_plan, fields, read_limits, slurm_minutes
+from cifarflow.limits import check_plan, fields, slurm_minutes
 
 
 @pytest.mark.parametrize("text, minutes", [
@@ -44,29 +43,3 @@ def test_scontrol_records_are_read_as_key_value_pairs():
     record = fields("PartitionName=short AllowGroups=ALL Default=NO MaxTime=00:05:00 "
                     "MaxNodes=UNLIMITED")
     assert record["PartitionName"] == "short" and slurm_minutes(record["MaxTime"]) == 5
-
-
-@pytest.mark.slurm
-def test_limits_read_from_the_test_cluster():
-    """The test cluster: partition short has MaxTime=5, no accounting."""
-    limits = read_limits("short")
-    assert limits["partition"] == "short" and limits["max_time_min"] == 5
-    assert limits["accounting"] is False and limits["max_submit"] is None
-    assert read_limits("")["partition"] == "debug"  # the default partition
-
-
-@pytest.mark.slurm
-def test_dry_run_through_the_profile_refuses_a_runtime_above_max_time(tmp_path):
-    config = ROOT / "config" / "config.yaml"
-    short = tmp_path / "short.yaml"
-    short.write_text("slurm: {partition: short}\nresources: {runtime: 30}\n")
-    out = snakemake(tmp_path, "-n", "--profile", ROOT / "profiles/slurm", check=False,
-                    configfile=[config, short])
-    text = out.stdout + out.stderr
-    assert out.returncode != 0
-    assert ("resources.runtime 30 min of 1 run(s) (e.g. cpu) is above partition short's "
-            "MaxTime of 5 min: set resources.runtime to at most 5") in text
-    ok = snakemake(tmp_path, "-n", "--profile", ROOT / "profiles/slurm", configfile=config)
-    assert "plan: 1 segment job(s) per round, 2 round(s), 2 segment job(s) in all, at most " \
-           "20 queued at once (--jobs)" in ok.stdout + ok.stderr
-    assert "MaxSubmitJobs: unknown (no accounting: sacctmgr says nothing)" in ok.stdout + ok.stderr

@@ -1,6 +1,5 @@
 import pickle
 import pickletools
-import tarfile
 
 import numpy as np
 import pytest

@@ -8,11 +8,10 @@ import re
 import signal
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
-from conftest import ENV, PY, ROOT, snakemake
+from conftest import ROOT, snakemake, start_snakemake
 from cifarflow import checkpoint as ckpt
 
 pytestmark = pytest.mark.slurm
@@ -114,11 +113,8 @@ def train_job_id(comment: str) -> str | None:
 
 def start_slurm(workdir, *configfiles, args=()) -> subprocess.Popen:
     """snakemake --profile profiles/slurm in the background, output captured."""
-    cmd = [str(Path(PY).parent / "snakemake"), "-s", str(ROOT / "Snakefile"), "--directory",
-           str(workdir), "--profile", str(ROOT / "profiles/slurm"), *FAST_POLLING, *args,
-           "--configfile", *map(str, configfiles)]
-    return subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+    return start_snakemake(workdir, "--profile", ROOT / "profiles/slurm", *FAST_POLLING, *args,
+                           configfile=list(configfiles))
 
 
 def start_long_segment(tmp_path, strategy="cpu"):

@@ -1,7 +1,6 @@
 """Distributed strategies with 2 real gloo ranks on CPU, and the CUDA-only strategies'
 fail-fast paths (their launch plans are checked up to the CUDA check)."""
 
-import json
 import os
 
 import pytest

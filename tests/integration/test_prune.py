@@ -1,43 +1,14 @@
-"""Successive halving between segments (sweep.prune): the ranking, the plan-time
-refusals, and a real sweep through snakemake."""
+"""Successive halving between segments (sweep.prune): a real sweep through snakemake,
+unpacked and in packs."""
 
-import csv
 import json
-import math
-import re
 
 import pytest
 
-from conftest import ROOT, assert_bit_identical, cli, metrics_of, snakemake, state_of
-from cifarflow.prune import check_prune, survivors
-
-
-def test_the_best_fraction_goes_on_ties_by_name_and_diverged_runs_last():
-    scores = {"a": 0.5, "b": 0.7, "c": None, "d": math.nan, "e": 0.7, "f": 0.1}
-    assert survivors(scores, "max", keep=0.5, min_runs=1) == ["b", "e", "a"]
-    assert survivors(scores, "min", keep=0.33, min_runs=1) == ["f", "a"]  # ceil(6 x 0.33)
-    assert survivors(scores, "max", keep=0.1, min_runs=2) == ["b", "e"]  # never fewer
-    assert survivors({"a": 1.0}, "max", keep=0.5, min_runs=1) == ["a"]
-    assert survivors({"x": None, "y": None}, "max", keep=0.5, min_runs=1) == ["x"]
-
-
-@pytest.mark.parametrize("prune, message", [
-    ({"metric": "test_acc", "keep": 0, "at_segments": [1]}, "keep 0 must be between 0 and 1"),
-    ({"metric": "test_acc", "keep": 1, "at_segments": [1]}, "keep 1 must be between 0 and 1"),
-    ({"metric": "test_acc", "keep": 0.5, "at_segments": [3]}, "at_segments [3]: a pruning point"),
-    ({"metric": "accuracy", "keep": 0.5, "at_segments": [1]}, "metric 'accuracy' unknown"),
-])
-def test_invalid_prune_settings_are_refused(prune, message):
-    with pytest.raises(ValueError, match=re.escape(message)):
-        check_prune(prune, segments=3)
-
+from conftest import ROOT, assert_bit_identical, cli, metrics_of, snakemake, state_of, summary_rows
 
 
 CONFIG = ROOT / "tests" / "configs" / "prune" / "config.yaml"
-
-
-def rows_of(work):
-    return {r["run"]: r for r in csv.DictReader(open(work / "results/summary.csv"))}
 
 
 def last_test_acc(work, run, segment):
@@ -60,7 +31,7 @@ def test_dry_run_plans_up_to_the_first_pruning_point(pruned_sweep):
 
 def test_each_pruning_point_keeps_the_better_half(pruned_sweep):
     work, _, _ = pruned_sweep
-    rows = rows_of(work)
+    rows = summary_rows(work)
     runs = sorted(rows)
     assert len(runs) == 8
     reached = {run: max(int(p.name.split("-")[1]) for p in
@@ -84,7 +55,7 @@ def test_each_pruning_point_keeps_the_better_half(pruned_sweep):
 
 def test_the_winner_is_bit_identical_to_the_same_run_without_pruning(pruned_sweep, tmp_path):
     work, _, _ = pruned_sweep
-    rows = rows_of(work)
+    rows = summary_rows(work)
     winner = min((r for r in rows if rows[r]["status"] == "ok"),
                  key=lambda r: (-float(rows[r]["test_acc"]), r))
     cli("train", "--spec", work / f"results/runs/{winner}/spec.json", "--data",
@@ -95,14 +66,14 @@ def test_the_winner_is_bit_identical_to_the_same_run_without_pruning(pruned_swee
 
 def test_without_pruning_a_pruned_run_resumes_to_the_end(pruned_sweep, tmp_path):
     work, _, _ = pruned_sweep
-    rows = rows_of(work)
+    rows = summary_rows(work)
     pruned = sorted(r for r in rows if rows[r]["pruned_at"] == "1")[0]
     unpruned = tmp_path / "unpruned.yaml"
     unpruned.write_text("".join(l for l in CONFIG.read_text().splitlines(keepends=True)
                                 if "prune:" not in l))
     # a finished summary is not re-planned by itself: ask for it again
     snakemake(work, "--cores", 2, "--forcerun", "aggregate_results", configfile=unpruned)
-    rows = rows_of(work)
+    rows = summary_rows(work)
     assert (rows[pruned]["status"], rows[pruned]["epochs"], rows[pruned]["pruned_at"]) == \
         ("ok", "3", "")
     log = (work / f"results/logs/train/{pruned}/segment-2.log").read_text()
@@ -117,7 +88,7 @@ def test_packed_pruning_trains_the_same_segments_as_unpacked(pruned_sweep, tmp_p
     packed = tmp_path / "packed.yaml"
     packed.write_text(CONFIG.read_text() + "pack: {runs_per_job: 4}\n")
     snakemake(tmp_path, "--cores", 2, configfile=packed)
-    unpacked, rows = rows_of(work), rows_of(tmp_path)
+    unpacked, rows = summary_rows(work), summary_rows(tmp_path)
     for run, row in unpacked.items():
         assert (rows[run]["status"], rows[run]["segments"], rows[run]["pruned_at"]) == \
             (row["status"], row["segments"], row["pruned_at"]), run

@@ -1,0 +1,23 @@
+"""The one training engine, from small parts (in the spirit of torchtitan's trainer and
+nanoGPT's one readable loop):
+
+- ``segment``: the ``Segment`` loop and the hooks a framework adapter calls, ``run_training``;
+- ``build``: seeds and RNG states, model, optimizer, schedule, batches;
+- ``resume``: the resume decision as a pure function (a named ``Choice``), and the one
+  collective that agrees on it;
+- ``state``: the training ``Progress`` a checkpoint carries;
+- ``meter``: the epoch meter (sums on the device, the clock);
+- ``report``: stdout, TensorBoard, the GPU sampler;
+- ``stop``: the agreed stop/save decision.
+
+Trained in K segments or one, the weights are bit-identical: the checkpoint holds model,
+optimizer, scheduler, RNG states, the position inside the epoch and the partial-epoch
+sums, and the data order is a pure function of (seed, epoch). Every decision that leads
+to a collective (stop, save, which checkpoint to resume) is one value agreed by all ranks.
+"""
+
+from .report import EPOCH_SCALARS
+from .segment import METRICS, Segment, run_training
+from .stop import StopController
+
+__all__ = ["EPOCH_SCALARS", "METRICS", "Segment", "StopController", "run_training"]

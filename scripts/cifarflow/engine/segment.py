@@ -1,0 +1,325 @@
+"""One segment of a run: the engine's loop, and the hooks a framework's loop calls."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import socket
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from .. import checkpoint as ckpt
+from ..config import TrainConfig
+from ..loaders import Split, eval_batches
+from . import resume as resuming
+from .build import (build_batches, build_optimizer, build_placed_model, build_scheduler,
+                    rng_state, seed_everything, set_rng_state)
+from .meter import EpochMeter
+from .report import Reporter
+from .state import Progress, slurm_restarts
+from .stop import StopController
+
+METRICS = ckpt.METRICS
+
+
+def peak_memory_mb(device: str) -> float:
+    if str(device).startswith("cuda"):
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+class Segment:
+    """Trains a run from its last checkpoint up to ``until_epoch``, or until its time
+    budget or a signal says stop (at a batch boundary), then publishes a checkpoint.
+
+    ``run`` is the engine's own loop. A framework that brings its own (Lightning) calls
+    the same hooks: ``load_data``, ``make_batches``, ``make_model``, ``make_optimizer``,
+    ``attach``, ``resume``, ``begin``, ``start_epoch``, ``compute``, ``after_batch``,
+    ``end_epoch``, ``finish``."""
+
+    def __init__(self, cfg: TrainConfig, strategy, data_dir: Path, out_dir: Path,
+                 resume_dir: Path | None = None, work_dir: Path | None = None,
+                 until_epoch: int | None = None, budget_min: float | None = None,
+                 start_time: float | None = None, attempt: int = 1,
+                 tensorboard_dir: Path | None = None):
+        self.cfg, self.strategy = cfg, strategy
+        self.data_dir, self.out_dir = Path(data_dir), Path(out_dir)
+        self.resume_dir = Path(resume_dir) if resume_dir else None
+        self.work_dir = Path(work_dir) if work_dir else None
+        self.until_epoch = min(until_epoch or cfg.epochs, cfg.epochs)
+        budgets = [b for b in (cfg.budget_s, (budget_min or 0) * 60) if b]
+        self.budget_s = min(budgets) if budgets else None
+        self.start_time, self.attempt = start_time or time.time(), attempt
+        self.checkpointer = strategy.checkpointer()
+        self.progress = Progress()
+        self.report = Reporter(strategy, tensorboard_dir)
+        self.meter = EpochMeter(strategy.device)
+        self.stop: StopController | None = None  # from begin(): its clock starts there
+        self.train_split = self.test_split = None
+        self.model = self.optimizer = self.scheduler = self.batches = None
+        self.steps = 0            # batches per epoch
+        self.places: list = []    # (host, python prefix) of every rank
+        self.hosts: list = []
+        self.save_s = 0.0         # cost of the last in-segment save, counted in decisions
+
+    def log(self, msg: str) -> None:
+        self.report.log(msg)
+
+    # ---- pieces a loop is built from
+    def load_data(self) -> None:
+        seed_everything(self.cfg.seed, self.cfg.deterministic, self.cfg.compile)
+        self.train_split = Split.load(self.data_dir, train=True)
+        self.test_split = Split.load(self.data_dir, train=False)
+
+    def make_batches(self):
+        self.test_split = self.test_split.to(self.strategy.device)  # evaluation on the device
+        return build_batches(self.cfg, self.strategy, self.data_dir, self.train_split)
+
+    def make_model(self):
+        return build_placed_model(self.cfg, self.strategy)
+
+    def make_optimizer(self, params, steps_per_epoch: int):
+        optimizer = build_optimizer(self.cfg, params)
+        return optimizer, build_scheduler(self.cfg, optimizer, steps_per_epoch)
+
+    def attach(self, model, optimizer, scheduler, batches) -> None:
+        """What the loop trains: model as called (wrapped), its optimizer and schedule."""
+        self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self.batches, self.steps = batches, len(batches)
+        self.meter.device = self.strategy.device  # where the strategy put the model
+
+    # ---- checkpoints
+    def state(self) -> dict:
+        """Called by every rank at an agreed save: the partial sums of all ranks are
+        gathered (exactly: each row is one rank's, the others add zeros)."""
+        p, s = self.progress, self.strategy
+        rows = torch.zeros(s.world_size, 4, dtype=torch.float64, device=s.reduce_device)
+        rows[s.rank] = torch.tensor([p.loss_sum, p.correct, p.seen, p.train_s],
+                                    dtype=torch.float64)
+        p.ranks = s.all_reduce(rows).tolist()
+        return {"model": s.model_state(self.model),
+                "optimizer": s.optimizer_state(self.model, self.optimizer),
+                "trainer": {"scheduler": self.scheduler.state_dict(), "rng": rng_state(),
+                            "progress": p.state_dict(), "config": self.cfg.to_dict()}}
+
+    def meta(self) -> dict:
+        p = self.progress
+        return {"run": self.cfg.run, "config_hash": self.cfg.shaping_hash(),
+                "config": self.cfg.to_dict(), "epoch": p.epoch, "step": p.step,
+                "epochs": self.cfg.epochs, "until_epoch": self.until_epoch,
+                "done": p.epoch >= self.cfg.epochs, "segment_reached_target":
+                p.epoch >= self.until_epoch, "world_size": self.strategy.world_size,
+                "events": p.events, "segment_runs": p.segment_runs, "resizes": p.resizes,
+                "slurm_job_id": os.environ.get("SLURM_JOB_ID", "")}
+
+    def save(self, directory: Path) -> float:
+        t0 = time.perf_counter()
+        self.strategy.sync_buffers(self.model)
+        history = "".join(json.dumps(r) + "\n" for r in self.progress.history)
+        self.checkpointer.save(directory, self.state(), self.meta(), {METRICS: history})
+        return time.perf_counter() - t0
+
+    def resume(self) -> Path | None:
+        """Load the checkpoint rank 0 chose (resume.decide); every rank learns the choice
+        (or the error) through one collective."""
+        s = self.strategy
+        self.places = s.gather_objects((socket.gethostname(), sys.prefix))  # per rank
+        self.hosts = [host for host, _ in self.places]
+        mine = (resuming.decide(self.cfg, self.until_epoch, self.out_dir, self.resume_dir,
+                                self.work_dir) if s.is_main else None)
+        decision = resuming.agree(s, mine, self.resume_dir, self.work_dir)
+        for note in decision.notes:
+            self.log(f"WARNING: {note}")
+        if decision.path is not None:
+            template = {"model": s.model_state(self.model),
+                        "optimizer": s.optimizer_state(self.model, self.optimizer)}
+            state = self.checkpointer.load(decision.path, template)
+            s.load_model_state(self.model, state["model"])
+            s.load_optimizer_state(self.model, self.optimizer, state["optimizer"])
+            trainer = state["trainer"]
+            set_rng_state(trainer["rng"])
+            self.progress = Progress.from_state_dict(trainer["progress"])
+            if decision.resized_from:
+                self._resize(decision.resized_from)
+            else:
+                self.scheduler.load_state_dict(trainer["scheduler"])
+                self.progress.take_rank_share(s.rank)
+            self.log(f"resumed from {decision.path} at epoch {self.progress.epoch + 1}, "
+                     f"batch {self.progress.step}")
+        self.progress.events += list(decision.notes)
+        return decision.path
+
+    def _resize(self, old_world: int) -> None:
+        """Go on with another world size from an epoch boundary: the schedule is replayed
+        for this world's batches per epoch, and the per-rank sums (all zero there) start
+        anew for its ranks."""
+        p = self.progress
+        with warnings.catch_warnings():  # stepping a schedule without optimizer steps
+            warnings.simplefilter("ignore")
+            for _ in range(p.epoch * self.steps):
+                self.scheduler.step()
+        p.ranks = [[0.0, 0, 0, 0.0] for _ in range(self.strategy.world_size)]
+        p.resizes.append({"epoch": p.epoch, "from": old_world, "to": self.strategy.world_size})
+        self.log(f"elastic resume: world size {old_world} -> {self.strategy.world_size} at "
+                 f"epoch {p.epoch + 1}; from here on the run is no longer bit-exact")
+
+    # ---- the loop's steps
+    def begin(self) -> None:
+        p = self.progress
+        self.stop = StopController(self.budget_s, self.cfg.margin_s, self.strategy,
+                                   self.start_time, self.cfg.checkpoint_interval_s)
+        self.save_s = 0.0
+        self.report.open(self.global_step())
+        self.log(f"[{self.cfg.run}] {self.strategy.describe()} model={self.cfg.model} "
+                 f"batch={self.cfg.batch_size} epochs {p.epoch + 1}..{self.until_epoch} "
+                 f"of {self.cfg.epochs}, {self.steps} batches/epoch")
+        self.log("ranks: " + ", ".join(f"{r} on {host} (python {prefix})"
+                                       for r, (host, prefix) in enumerate(self.places)))
+
+    def global_step(self) -> int:
+        return self.progress.epoch * self.steps + self.progress.step
+
+    def start_epoch(self) -> None:
+        self.meter.start(self.progress)
+        self.report.epoch_started()
+
+    def compute(self, x, y):
+        """Loss and correct predictions of one batch (the forward pass every loop uses)."""
+        with self.strategy.autocast():
+            out = self.model(x)
+            return F.cross_entropy(out, y), (out.argmax(1) == y).sum()
+
+    def train_step(self, x, y):
+        loss, hits = self.compute(x, y)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+        self.scheduler.step()
+        return loss.detach(), hits
+
+    def after_batch(self, loss, hits, n: int) -> str | None:
+        """Account one trained batch; inside an epoch, stop or save when all ranks agree."""
+        p, meter = self.progress, self.meter
+        meter.add(p, loss, hits, n)
+        log_now = meter.due_for_log(self.cfg.log_interval_s)
+        if log_now:
+            self.log(f"  epoch {p.epoch + 1}/{self.cfg.epochs} batch {p.step}/{self.steps} "
+                     f"loss {loss.item():.4f} "
+                     f"{meter.images_per_sec(p, self.strategy.world_size):,.0f} img/s")
+        if self.report.board and (log_now or p.step >= self.steps):
+            self.report.batch_loss(loss.item(), self.global_step())
+        if p.step >= self.steps:
+            return None  # the epoch's end decides
+        return self._decide(meter.step_s() + self.save_s)
+
+    def _decide(self, next_step_s: float) -> str | None:
+        reason, save = self.stop.decide(next_step_s, may_save=self.work_dir is not None)
+        if reason or save:
+            self.meter.fold(self.progress)
+        if save:
+            self.save_s = self.save(self.work_dir)
+            self.stop.saved()
+            self.report.saved()
+            self.meter.restart_clock(self.progress)
+        return reason
+
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        s = self.strategy
+        s.sync_buffers(self.model)
+        self.model.eval()
+        hits = torch.zeros(2, dtype=torch.float64, device=s.device)
+        for x, y, valid in eval_batches(self.test_split, self.cfg.eval_batch_size, s.rank,
+                                        s.world_size, self.cfg.channels_last, s.device):
+            with s.autocast():
+                pred = self.model(x).argmax(1)
+            hits += torch.stack([((pred == y) & valid).sum(), valid.sum()]).double()
+        self.model.train()
+        totals = s.all_reduce(hits.to(s.reduce_device))
+        return float(totals[0] / totals[1])
+
+    def end_epoch(self) -> str | None:
+        """Record the finished epoch (reduced over ranks, evaluated); then, if more epochs
+        follow in this segment, stop or save when all ranks agree."""
+        self.meter.fold(self.progress)
+        p, s = self.progress, self.strategy
+        ips_rank = p.seen / p.train_s if p.train_s else 0.0
+        sums = s.all_reduce(torch.tensor([p.loss_sum, p.correct, p.seen, ips_rank],
+                                         dtype=torch.float64, device=s.reduce_device))
+        gpu = self.report.gpu_use()
+        t_eval = time.perf_counter()
+        test_acc = self.evaluate()
+        rec = {"epoch": p.epoch + 1, "train_loss": float(sums[0] / sums[2]),
+               "train_acc": float(sums[1] / sums[2]), "test_acc": test_acc,
+               "images_per_sec": float(sums[3]), "images_per_sec_per_rank": ips_rank,
+               "wall_s": p.train_s, "eval_s": time.perf_counter() - t_eval,
+               "lr": self.scheduler.get_last_lr()[0], "world_size": s.world_size,
+               "peak_mem_mb": peak_memory_mb(s.device), "gpu_util_pct": gpu["gpu_util_pct"],
+               "gpu_mem_mb": gpu["gpu_mem_mb"],
+               "slurm_job_id": os.environ.get("SLURM_JOB_ID", ""), "hosts": self.hosts}
+        p.history.append(rec)
+        p.next_epoch()
+        self.report.epoch(rec, self.global_step(), self.cfg.epochs)
+        if p.epoch >= self.until_epoch:
+            return None
+        self.start_epoch()
+        return self._decide(rec["wall_s"] / max(1, self.steps) + self.save_s)
+
+    def finish(self, reason: str | None) -> dict:
+        p = self.progress
+        self.report.close()
+        p.segment_runs.append({"segment": self.out_dir.name, "attempt": self.attempt,
+                               "stopped": reason, "epoch": p.epoch, "step": p.step,
+                               "requeue": slurm_restarts(), "hosts": self.hosts,
+                               "slurm_job_id": os.environ.get("SLURM_JOB_ID", "")})
+        if reason:
+            # every rank says where it stopped, in one write so lines do not interleave
+            sys.stdout.write(f"[rank {self.strategy.rank}] stopping at epoch {p.epoch + 1} "
+                             f"batch {p.step}: {reason}\n")
+            sys.stdout.flush()
+            if self.work_dir and reason.startswith("signal"):
+                # Slurm may still mark the job failed (TIMEOUT) and Snakemake then drops
+                # its outputs: the in-segment copy is what the rerun resumes from
+                self.save(self.work_dir)
+        save_s = self.save(self.out_dir)
+        self.log(f"checkpoint {self.out_dir} written in {save_s:.2f} s "
+                 f"({'done' if p.epoch >= self.cfg.epochs else 'to be continued'})")
+        return {"epoch": p.epoch, "step": p.step, "stopped": reason, "save_s": save_s}
+
+    # ---- the engine's own loop
+    def run(self) -> dict:
+        self.load_data()
+        batches = self.make_batches()
+        model = self.strategy.wrap(self.make_model())
+        self.attach(model, *self.make_optimizer(model.parameters(), len(batches)), batches)
+        self.resume()
+        self.begin()
+        p, reason = self.progress, None
+        while reason is None and p.epoch < self.until_epoch:
+            self.start_epoch()
+            for x, y in self.batches.epoch(p.epoch, p.step):
+                reason = self.after_batch(*self.train_step(x, y), len(y))
+                if reason:
+                    break
+            else:
+                reason = self.end_epoch()
+        return self.finish(reason)
+
+
+def run_training(cfg: TrainConfig, threads: int = 0, **segment_kw) -> dict:
+    """Thin entry point: set the strategy up, let it drive a segment, always tear down."""
+    from ..strategies import get_strategy
+
+    strategy = get_strategy(cfg.strategy)(cfg, threads)
+    try:
+        strategy.setup()
+        return strategy.train(Segment(cfg, strategy, **segment_kw))
+    finally:
+        strategy.teardown()
+        sys.stdout.flush()

@@ -1,0 +1,42 @@
+"""Packed segments (pack.runs_per_job) through real local snakemake runs: one job trains
+segment k of several sweep members, each equal to the same sweep unpacked."""
+
+import os
+import signal
+import time
+
+from conftest import (assert_bit_identical, cmdline, final_states, process_tree,
+                      start_snakemake, summary_rows, sweep_config)
+
+
+def test_local_pack_equals_unpacked_and_retries_only_the_killed_member(tmp_path,
+                                                                      unpacked_sweep):
+    """4 runs in 2 packs of 2 under `snakemake --cores 2 --retries 1`; one member is
+    SIGKILLed while it trains: its pack job fails once the other member finished, and the
+    retry trains the killed member alone. Final weights equal the unpacked sweep's."""
+    config = sweep_config(tmp_path / "c.yaml", 4, 2)
+    proc = start_snakemake(tmp_path, "--cores", "2", "--retries", "1", configfile=config)
+    victim = "cpu_lr0p02"
+    deadline, killed = time.time() + 300, None
+    while killed is None and time.time() < deadline and proc.poll() is None:
+        for pid in process_tree(proc.pid):
+            if f"train --spec results/runs/{victim}/spec.json" in cmdline(pid):
+                os.kill(pid, signal.SIGKILL)
+                killed = pid
+                break
+        time.sleep(0.02)
+    output = proc.communicate(timeout=600)[0]
+    assert killed, "the member's training process never appeared"
+    assert proc.returncode == 0, output[-4000:]
+    logs = tmp_path / "results/logs"
+    pack_log = (logs / "packs/cpu-pack001/segment-1.log").read_text()
+    assert f"{victim}: started (attempt 2" in pack_log
+    assert "cpu_lr0p01: segment 1 already published, not retrained" in pack_log
+    assert sorted(p.name for p in (logs / f"train/{victim}").glob("segment-1.*")) == [
+        "segment-1.attempt1.log", "segment-1.attempt2.log", "segment-1.log"]
+    assert not list((logs / "train/cpu_lr0p01").glob("segment-1.attempt2.log"))
+    rows = summary_rows(tmp_path)
+    assert rows[victim]["attempts"] == "3" and rows["cpu_lr0p01"]["attempts"] == "2"
+    assert {r["status"] for r in rows.values()} == {"ok"}
+    for run, state in final_states(tmp_path).items():
+        assert_bit_identical(state["model"], unpacked_sweep[run]["model"])
