@@ -172,6 +172,22 @@ def cmdline(pid: int) -> str:
         return ""
 
 
+def training_spec(pid: int) -> str | None:
+    """The --spec of a `cifarflow train` process (a Python interpreter running it, not the
+    shell, tee or srun around it), else None."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+    except OSError:
+        return None
+    if not Path(argv[0]).name.startswith("python"):
+        return None
+    rest = argv[3:] if argv[1:3] == ["-m", "cifarflow"] else (
+        argv[2:] if argv[1].endswith("/cifarflow") else [])
+    if rest[:1] != ["train"] or "--spec" not in rest:
+        return None
+    return rest[rest.index("--spec") + 1]
+
+
 SWEEP = ("strategies: [cpu]\ndata: {{source: synthetic, synthetic: {{train_size: 1000, "
          "test_size: 200}}}}\ntrain: {{epochs: 2, batch_size: 100, log_interval_s: 100}}\n"
          "segments: {{count: 2}}\nresources: {{cpus_per_task: 1, mem_mb: 1000, runtime: 10}}\n"

@@ -5,8 +5,8 @@ import os
 import signal
 import time
 
-from conftest import (assert_bit_identical, cmdline, final_states, process_tree,
-                      start_snakemake, summary_rows, sweep_config)
+from conftest import (assert_bit_identical, final_states, process_tree, start_snakemake,
+                      summary_rows, sweep_config, training_spec)
 
 
 def test_local_pack_equals_unpacked_and_retries_only_the_killed_member(tmp_path,
@@ -20,7 +20,7 @@ def test_local_pack_equals_unpacked_and_retries_only_the_killed_member(tmp_path,
     deadline, killed = time.time() + 300, None
     while killed is None and time.time() < deadline and proc.poll() is None:
         for pid in process_tree(proc.pid):
-            if f"train --spec results/runs/{victim}/spec.json" in cmdline(pid):
+            if training_spec(pid) == f"results/runs/{victim}/spec.json":
                 os.kill(pid, signal.SIGKILL)
                 killed = pid
                 break

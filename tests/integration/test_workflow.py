@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ENV, PY, ROOT, assert_bit_identical, snakemake, state_of
+from conftest import (ENV, PY, ROOT, assert_bit_identical, process_tree, snakemake, state_of,
+                      training_spec)
 from cifarflow import checkpoint as ckpt
 
 CONFIGS = ROOT / "tests" / "configs"
@@ -285,10 +286,10 @@ def test_a_failed_attempt_is_retried_resumes_and_keeps_its_log(tmp_path):
     work = tmp_path / "results/runs/cpu/work/checkpoint.json"
     while not work.exists() and proc.poll() is None:
         time.sleep(0.05)
-    training = subprocess.run(["pgrep", "-f", r"^\S*python\S* \S*/cifarflow train --spec results"],
-                              capture_output=True, text=True).stdout.split()
+    training = [pid for pid in process_tree(proc.pid)
+                if training_spec(pid) == "results/runs/cpu/spec.json"]
     assert len(training) == 1, training
-    os.kill(int(training[0]), signal.SIGKILL)
+    os.kill(training[0], signal.SIGKILL)
     output = proc.communicate(timeout=600)[0]
     assert proc.returncode == 0, output[-3000:]
     logs = tmp_path / "results/logs/train/cpu"

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import PY, ROOT, assert_bit_identical, cli, metrics_of, state_of
-from test_slurm import CONFIG, job_state, slurm, start_slurm, submitted
+from test_slurm import CONFIG, job_state, slurm, start_slurm, submitted, training_processes
 
 pytestmark = pytest.mark.slurm
 NODES = ["n1", "n2"]
@@ -163,12 +163,10 @@ def test_node_failure_reruns_the_segment_on_the_other_node_and_resumes_exactly(t
         while time.time() - t0 < 300 and not work.exists():
             time.sleep(0.5)
         assert work.exists(), "the segment wrote no in-segment checkpoint"
-        training = subprocess.run(["pgrep", "-f", r"cifarflow train --spec results"],
-                                  capture_output=True, text=True).stdout.split()
-        for pid in training:  # nothing moves on until the node is gone
-            Path(f"/proc/{pid}").exists() and subprocess.run(["kill", "-STOP", pid])
-        node = subprocess.run(["squeue", "-h", "-p", "multi", "-t", "R", "-o", "%N"],
-                              capture_output=True, text=True).stdout.strip()
+        jobid, node = subprocess.run(["squeue", "-h", "-p", "multi", "-t", "R", "-o", "%i %N"],
+                                     capture_output=True, text=True).stdout.split()
+        for pid in training_processes(jobid):  # nothing moves on until the node is gone
+            subprocess.run(["kill", "-STOP", str(pid)])
         assert node in NODES, node
         subprocess.run(["bash", str(CLUSTER), "kill-node", node], check=True)
         output = proc.communicate(timeout=900)[0]

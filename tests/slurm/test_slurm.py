@@ -8,10 +8,11 @@ import re
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, snakemake, start_snakemake
+from conftest import ROOT, snakemake, start_snakemake, training_spec
 from cifarflow import checkpoint as ckpt
 
 pytestmark = pytest.mark.slurm
@@ -134,14 +135,32 @@ def start_long_segment(tmp_path, strategy="cpu"):
     return proc, jobid
 
 
-def freeze_training(ranks: int = 1) -> None:
-    """SIGSTOP the segment's training processes: whatever Slurm does to the job next
-    happens mid-segment, however fast this machine trains."""
-    training = subprocess.run(["pgrep", "-f", r"^\S*python\S* \S*/cifarflow train --spec results"],
-                              capture_output=True, text=True).stdout.split()
+def job_processes(jobid: str) -> list[int]:
+    """The processes Slurm runs for one job (its steps' tasks carry its SLURM_JOB_ID), on
+    any of the test nodes: this job's own, never another training on the machine."""
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            environ = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"SLURM_JOB_ID={jobid}".encode() in environ:
+            found.append(int(proc.name))
+    return found
+
+
+def training_processes(jobid: str) -> list[int]:
+    """The job's `cifarflow train` processes (its ranks, or a pack's members)."""
+    return [pid for pid in job_processes(jobid) if training_spec(pid)]
+
+
+def freeze_training(jobid: str, ranks: int = 1) -> None:
+    """SIGSTOP the segment's training processes, found by their job: whatever Slurm does
+    to the job next happens mid-segment, however fast this machine trains."""
+    training = training_processes(jobid)
     assert len(training) == ranks, training
     for pid in training:
-        os.kill(int(pid), signal.SIGSTOP)
+        os.kill(pid, signal.SIGSTOP)
 
 
 def preempt_long_segment(tmp_path, strategy="cpu", ranks=1) -> str:
@@ -150,7 +169,7 @@ def preempt_long_segment(tmp_path, strategy="cpu", ranks=1) -> str:
     the segment's step, then grants GraceTime). Returns the segment's job id once both jobs
     completed and Snakemake ended well by itself."""
     proc, jobid = start_long_segment(tmp_path, strategy)
-    freeze_training(ranks)
+    freeze_training(jobid, ranks)
     cpus = subprocess.run(["sinfo", "-h", "-p", "urgent", "-o", "%c"], capture_output=True,
                           text=True).stdout.split()[0]
     urgent = subprocess.run(["sbatch", "--parsable", "-p", "urgent", f"--cpus-per-task={cpus}",
@@ -169,7 +188,7 @@ def test_job_killed_for_its_time_limit_is_retried_and_resumes(tmp_path):
     retries resubmit the segment, which resumes from the last in-segment checkpoint, and
     the workflow ends well by itself."""
     proc, jobid = start_long_segment(tmp_path)
-    freeze_training()  # Slurm's SIGCONT/SIGTERM/SIGKILL at the limit still reach it
+    freeze_training(jobid)  # Slurm's SIGCONT/SIGTERM/SIGKILL at the limit still reach it
     subprocess.run(["scontrol", "update", f"JobId={jobid}", "TimeLimit=0:30"], check=True)
     output = proc.communicate(timeout=600)[0]
     assert proc.returncode == 0, output[-3000:]

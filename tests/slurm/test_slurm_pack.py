@@ -7,28 +7,13 @@ import re
 import signal
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
-from conftest import assert_bit_identical, cmdline, final_states, summary_rows, sweep_config
-from test_slurm import start_slurm, submitted
+from conftest import assert_bit_identical, final_states, summary_rows, sweep_config, training_spec
+from test_slurm import start_slurm, submitted, training_processes
 
 pytestmark = pytest.mark.slurm
-
-
-def job_processes(jobid: str) -> list[int]:
-    """The processes Slurm runs for one job (its steps' tasks carry its SLURM_JOB_ID), on
-    any of the test nodes: this job's own, never another training on the machine."""
-    found = []
-    for proc in Path("/proc").glob("[0-9]*"):
-        try:
-            environ = (proc / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if f"SLURM_JOB_ID={jobid}".encode() in environ:
-            found.append(int(proc.name))
-    return found
 
 
 def running_pack_jobs() -> dict:
@@ -51,12 +36,11 @@ def test_slurm_pack_spreads_over_two_nodes_equals_unpacked_and_retries_one_membe
     deadline, victim = time.time() + 600, None
     while victim is None and time.time() < deadline and proc.poll() is None:
         for jobid in running_pack_jobs():
-            for pid in job_processes(jobid):
-                line = cmdline(pid)
-                if " cifarflow train --spec results/runs/" in line:
-                    os.kill(pid, signal.SIGKILL)
-                    victim = line.split("results/runs/")[1].split("/")[0]
-                    break
+            for pid in training_processes(jobid):
+                spec = training_spec(pid)
+                os.kill(pid, signal.SIGKILL)
+                victim = spec.split("/")[2]  # results/runs/<run>/spec.json
+                break
             if victim:
                 break
         time.sleep(0.05)
