@@ -159,14 +159,14 @@ def main(argv=None) -> None:
         from . import stop_signals
 
         stop_signals.listen()
+    if argv[:1] == ["launch"]:  # its own parser (everything after -- is the command); fast
+        from .launch import main as launch_main
+
+        return launch_main(argv[1:])
     from .checkpoint import CheckpointError
     from .data import DatasetError
     from .strategies.base import StrategyError
 
-    if argv[:1] == ["launch"]:  # its own parser: everything after -- is the command
-        from .launch import main as launch_main
-
-        return launch_main(argv[1:])
     args = parser().parse_args(argv)
     try:
         args.func(args)

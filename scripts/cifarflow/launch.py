@@ -1,6 +1,7 @@
-"""Start N copies of a command: ``srun`` inside a Slurm allocation, ``torchrun`` outside.
+"""Start N copies of a command: ``srun`` inside a Slurm allocation, ``torchrun`` outside
+(the command itself for one process).
 
-The training rules call it as ``{resources.mpi}``, so the same rule works under
+The training rules start every segment under it, so the same rule works under
 ``--profile profiles/slurm`` (one task per rank, rank from SLURM_PROCID) and with
 ``snakemake --cores N`` on a laptop (torchrun sets RANK/WORLD_SIZE/MASTER_*)."""
 
@@ -37,7 +38,7 @@ def launch_argv(nproc: int, command: list[str], nodes: int = 1, cpus_per_task: i
         return ["srun", "--kill-on-bad-exit=1", f"--nodes={nodes}", f"--ntasks={nproc}",
                 f"--ntasks-per-node={nproc // nodes}", f"--cpus-per-task={cpus_per_task}",
                 *command]
-    if self_spawning:  # Lightning starts its own worker processes outside Slurm
+    if self_spawning or nproc == 1:  # Lightning spawns its own workers; one is the command
         return list(command)
     return [sys.executable, "-m", "torch.distributed.run", "--standalone",
             f"--nproc-per-node={nproc}", "--no-python", *command]

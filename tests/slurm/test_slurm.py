@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, snakemake, start_snakemake, training_spec
+from conftest import ROOT, snakemake, start_snakemake, summary_rows, training_spec
 from cifarflow import checkpoint as ckpt
 
 pytestmark = pytest.mark.slurm
@@ -169,12 +169,7 @@ def preempt_long_segment(tmp_path, strategy="cpu", ranks=1) -> str:
     the segment's step, then grants GraceTime). Returns the segment's job id once both jobs
     completed and Snakemake ended well by itself."""
     proc, jobid = start_long_segment(tmp_path, strategy)
-    freeze_training(jobid, ranks)
-    cpus = subprocess.run(["sinfo", "-h", "-p", "urgent", "-o", "%c"], capture_output=True,
-                          text=True).stdout.split()[0]
-    urgent = subprocess.run(["sbatch", "--parsable", "-p", "urgent", f"--cpus-per-task={cpus}",
-                             "--mem=500", "--output=/dev/null", "--wrap", "sleep 2"],
-                            capture_output=True, text=True, check=True).stdout.strip()
+    urgent = preempt(jobid, ranks)
     output = proc.communicate(timeout=900)[0]
     assert proc.returncode == 0, output[-3000:]
     assert job_state(urgent) == "COMPLETED"
@@ -212,23 +207,63 @@ def test_unknown_partition_is_one_clear_error(tmp_path):
     assert re.search(r"[Ii]nvalid partition|partition", out.stdout + out.stderr)
 
 
-def test_preempted_segment_checkpoints_at_the_notice_and_resumes_there(tmp_path):
-    """A job of the higher-priority partition preempts the running segment. Slurm sends
-    SIGCONT and SIGTERM to the step (the segment is frozen until then, so this holds however
-    fast the machine trains) and grants GraceTime: the rule's shell and tee ignore SIGTERM,
-    the segment stops at the next batch and checkpoints. The Snakemake jobstep inside the
-    step exits non-zero after any SIGTERM, so the profile's retry resubmits the job (or
-    Slurm requeues it): the next try resumes at that very batch and nothing is retrained."""
-    preempt_long_segment(tmp_path)
-    logs = sorted((tmp_path / "results/logs/train/cpu").glob("segment-1.attempt*.log"))
-    assert [p.name for p in logs] in (["segment-1.attempt1.log", "segment-1.attempt2.log"],
-                                      ["segment-1.attempt1.log", "segment-1.attempt1.requeue1.log"])
-    first, second = logs[0].read_text(), logs[1].read_text()
-    stop = re.search(r"stopping at epoch (\d+) batch (\d+): signal SIGTERM", first)
-    assert stop, first[-2000:]
-    assert "resumed from" not in first
-    assert f"resumed from results/runs/cpu/work at epoch {stop[1]}, batch {stop[2]}\n" in second
-    assert ckpt.read_manifest(tmp_path / "results/runs/cpu/segment-1")["done"]
+def preempt(jobid: str, ranks: int = 1) -> str:
+    """Freeze the job's training (by its job id), then preempt it with a job of the urgent
+    partition that needs the whole node; returns that job's id."""
+    freeze_training(jobid, ranks)
+    cpus = subprocess.run(["sinfo", "-h", "-p", "urgent", "-o", "%c"], capture_output=True,
+                          text=True).stdout.split()[0]
+    return subprocess.run(["sbatch", "--parsable", "-p", "urgent", f"--cpus-per-task={cpus}",
+                           "--mem=500", "--output=/dev/null", "--wrap", "sleep 2"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+
+
+def test_a_segment_preempted_three_times_finishes_by_itself_within_two_retries(tmp_path):
+    """A one-process segment is its own srun step, so on preemption Slurm signals that step
+    (SIGCONT, SIGTERM, then GraceTime): the segment stops at the next batch, checkpoints and
+    ends its job well (COMPLETED, no retry spent); the chain goes on with a new segment that
+    resumes at that very batch. Three preemptions with the profile's `retries: 2`: the run
+    finishes by itself. Each segment is frozen before it is preempted, once it is past its
+    start-up (its begin line), so this holds however fast the machine trains."""
+    run = tmp_path / "run.yaml"
+    run.write_text("strategies: [cpu]\nsegments: {count: 1}\n"
+                   "train: {epochs: 40, batch_size: 10, lr: 0.01}\n")
+    proc = start_slurm(tmp_path, CONFIG, run)
+    logs = tmp_path / "results/logs/train/cpu"
+    jobs, urgent = [], []
+    try:
+        for k in (1, 2, 3):
+            deadline, jobid = time.time() + 300, None
+            log = logs / f"segment-{k}.attempt1.log"
+            while time.time() < deadline and proc.poll() is None:
+                jobid = jobid or train_job_id(f"rule_train_cpu_wildcards_cpu_{k}")
+                if jobid and log.exists() and "[cpu] {" in log.read_text() \
+                        and training_processes(jobid):
+                    break
+                time.sleep(0.1)
+            assert jobid and proc.poll() is None, f"segment {k} did not start"
+            jobs.append(jobid)
+            urgent.append(preempt(jobid))
+            while job_state(jobid) not in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT") \
+                    and time.time() < deadline + 300:
+                time.sleep(0.5)
+        output = proc.communicate(timeout=900)[0]
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, output[-3000:]
+    assert [job_state(j) for j in jobs + urgent] == ["COMPLETED"] * 6
+    assert sorted(p.name for p in logs.glob("*.attempt*.log")) == [
+        f"segment-{k}.attempt1.log" for k in (1, 2, 3, 4)]  # no retry, no requeue
+    for k in (1, 2, 3):
+        stop = re.search(r"stopping at epoch (\d+) batch (\d+): signal SIGTERM",
+                         (logs / f"segment-{k}.attempt1.log").read_text())
+        assert stop, k
+        assert (f"resumed from results/runs/cpu/segment-{k} at epoch {stop[1]}, batch {stop[2]}\n"
+                in (logs / f"segment-{k + 1}.attempt1.log").read_text())
+    assert ckpt.read_manifest(tmp_path / "results/runs/cpu/segment-4")["done"]
+    row = summary_rows(tmp_path)["cpu"]
+    assert (row["status"], row["segments"], row["attempts"], row["early_stops"]) == \
+        ("ok", "4", "4", "3")
 
 
 def test_preempted_ddp_ranks_stop_together_and_the_chain_goes_on(tmp_path):

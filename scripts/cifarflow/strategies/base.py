@@ -58,7 +58,7 @@ class Strategy:
     config_sections: ClassVar[tuple] = ()  # sections besides train/resources it reads
     sweep_keys: ClassVar[dict] = {}        # its own sweep keys: name -> (label, section)
     device_kind: ClassVar[str] = "cpu"     # cpu | cuda: what a single process trains on
-    launched: ClassVar[bool] = False       # several processes, started by {resources.mpi}
+    launched: ClassVar[bool] = False       # several processes, started by `cifarflow launch`
     self_spawning: ClassVar[bool] = False  # starts its own workers outside Slurm
     channels_last_params: ClassVar[bool] = True  # FSDP shards only contiguous parameters
 
@@ -100,9 +100,12 @@ class Strategy:
 
     @classmethod
     def launcher(cls, python: str, run) -> str:
-        """The value of {resources.mpi}: how several processes start (empty for one)."""
+        """How the run's processes start: `cifarflow launch` (srun in a Slurm job, torchrun
+        or the command itself outside). A one-process run is one srun step of its own too,
+        so a preempted segment ends its job well (Slurm signals the steps, not the batch
+        script that the Snakemake jobstep runs in); empty for a launched world of one."""
         cfg = run.config
-        if not cls.launched or cfg.world_size == 1:
+        if cls.launched and cfg.world_size == 1:
             return ""
         spawn = " --self-spawning" if cls.self_spawning else ""
         return (f"{python} -m cifarflow launch --nproc {cfg.world_size} --nodes {cfg.nodes} "
