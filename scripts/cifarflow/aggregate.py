@@ -10,7 +10,9 @@ COLUMNS = ["run", "strategy", "device", "model", "batch_size", "world_size", "cp
            "images_per_sec", "images_per_sec_per_core", "train_loss", "test_acc", "wall_s",
            "epoch_s", "peak_mem_mb", "gpu_util_pct", "segments", "attempts", "requeues",
            "early_stops", "slurm_job_ids", "hosts", "status", "pruned_at", "resized",
-           "fallbacks"]
+           "fallbacks", "cpu_efficiency", "mem_used_mb", "mem_requested_mb", "runtime_used_min",
+           "runtime_requested_min", "queue_wait_s", "last_ended"]
+MARGIN = 1.25  # what to request next time: the measured peak plus a quarter
 MAX_BARS, MAX_LEGEND = 50, 20  # plots of big sweeps stay readable
 
 
@@ -42,6 +44,7 @@ def summarize_run(name: str, run: dict) -> dict:
     row["attempts"] = sum(attempts.values())  # a retried segment counts each try
     row["requeues"] = sum(requeues.values())
     row["early_stops"] = sum(1 for r in meta.get("segment_runs", []) if r["stopped"])
+    row.update(used_vs_requested(meta.get("segment_runs", []), res))
     if not history:
         return {**row, "status": "empty"}
     last = history[-1]
@@ -62,6 +65,50 @@ def summarize_run(name: str, run: dict) -> dict:
             "status": ("pruned" if run.get("pruned_at") else
                        "ok" if last["epoch"] >= spec["epochs"] else "incomplete"),
             "pruned_at": run.get("pruned_at"), "cores": cores}
+
+
+def used_vs_requested(tries: list[dict], res: dict) -> dict:
+    """Each segment try's measurement (all ranks together) against the run's request:
+    CPU time over cores x wall, the peak memory of the largest try, the longest wall."""
+    measured = [t for t in tries if "cpu_s" in t]
+    out = {"mem_requested_mb": res.get("mem_mb", 0) * res.get("nodes", 1),
+           "runtime_requested_min": res.get("runtime")}
+    if not measured:
+        return out
+    core_s = sum(t["wall_s"] * t["cpus"] for t in measured)
+    waits = [t["queue_wait_s"] for t in measured if t.get("queue_wait_s") is not None]
+    return {**out, "cpu_efficiency": sum(t["cpu_s"] for t in measured) / core_s if core_s else None,
+            "mem_used_mb": max(t["peak_rss_mb"] for t in measured),
+            "runtime_used_min": max(t["wall_s"] for t in measured) / 60,
+            "queue_wait_s": sum(waits) / len(waits) if waits else None,
+            "last_ended": measured[-1]["ended"],
+            "job_hours": sum(t["wall_s"] for t in measured) / 3600}
+
+
+def request_advice(df) -> list[str]:
+    """Per strategy and request: what to ask for next time, from what the runs used, and
+    what it saves (the seed's advice: small models need few cores and no GPU)."""
+    tips = []
+    measured = df.dropna(subset=["mem_used_mb"]) if "mem_used_mb" in df else df.iloc[0:0]
+    keys = ["strategy", "mem_requested_mb", "cpus_per_task", "runtime_requested_min"]
+    for (strategy, mem, cpus, runtime), g in measured.groupby(keys):
+        n, hours = len(g), g.job_hours.sum()
+        need = int(-(-g.mem_used_mb.max() * MARGIN // 100) * 100)
+        if need < 0.8 * mem:
+            tips.append(f"{strategy} ({n} run(s)): used at most {g.mem_used_mb.max():,.0f} MB of "
+                        f"{mem:,.0f} MB requested: request resources.mem_mb ~{need:,} "
+                        f"(saves ~{(mem - need) * hours / 1024:,.1f} GB-hours)")
+        eff = g.cpu_efficiency.mean()
+        if cpus > 1 and eff < 0.5:
+            fewer = max(1, int(round(cpus * eff / 0.8)))
+            tips.append(f"{strategy} ({n} run(s)): the cores were busy {eff:.0%} of the time "
+                        f"with {cpus} per process: request cpus_per_task {fewer}")
+        longest = g.runtime_used_min.max()
+        if longest < 0.5 * runtime and (g.last_ended == "completed").all():
+            ask = max(5, int(-(-longest * 1.5 // 1)))
+            tips.append(f"{strategy} ({n} run(s)): the longest segment took {longest:.1f} min of "
+                        f"{runtime:g} requested: resources.runtime {ask} would queue sooner")
+    return tips
 
 
 def advice(df) -> list[str]:
@@ -91,6 +138,7 @@ def advice(df) -> list[str]:
         if row.gpu_util_pct is not None and row.gpu_util_pct < 50:
             tips.append(f"{row.run} uses the GPU only {row.gpu_util_pct:.0f}% of the time: "
                         "share it with MPS replicas or use a CPU job")
+    tips += request_advice(df)
     tips += pruning_advice(df)
     for row in df[~df.status.isin(["ok", "pruned"])].itertuples():
         tips.append(f"{row.run}: {row.status} (see results/logs/train/{row.run}/)")

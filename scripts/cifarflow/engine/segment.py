@@ -23,6 +23,7 @@ from .build import (build_batches, build_optimizer, build_placed_model, build_sc
 from .meter import EpochMeter
 from .report import Reporter
 from .state import Progress, slurm_restarts
+from .usage import rank_usage, segment_usage
 from .stop import StopController
 
 METRICS = ckpt.METRICS
@@ -274,10 +275,13 @@ class Segment:
     def finish(self, reason: str | None) -> dict:
         p = self.progress
         self.report.close()
+        ranks = self.strategy.gather_objects(rank_usage())  # every rank, one collective
+        used = segment_usage(ranks, time.time() - self.start_time, self.strategy.threads(),
+                             reason)
         p.segment_runs.append({"segment": self.out_dir.name, "attempt": self.attempt,
                                "stopped": reason, "epoch": p.epoch, "step": p.step,
                                "requeue": slurm_restarts(), "hosts": self.hosts,
-                               "slurm_job_id": os.environ.get("SLURM_JOB_ID", "")})
+                               "slurm_job_id": os.environ.get("SLURM_JOB_ID", ""), **used})
         if reason:
             # every rank says where it stopped, in one write so lines do not interleave
             sys.stdout.write(f"[rank {self.strategy.rank}] stopping at epoch {p.epoch + 1} "

@@ -1,0 +1,55 @@
+"""What a segment used, next to what its job asked for (the request is the run's, known to
+the workflow): CPU time and peak memory of every rank, wall time, the time the job waited
+in Slurm's queue, and how the try ended."""
+
+from __future__ import annotations
+
+import os
+import resource
+import socket
+import subprocess
+from datetime import datetime
+
+
+def rank_usage() -> dict:
+    """This process: CPU seconds (its own and its waited-for children's, e.g. DataLoader
+    workers) and peak resident memory."""
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return {"host": socket.gethostname(),
+            "cpu_s": own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime,
+            "peak_rss_mb": (own.ru_maxrss + kids.ru_maxrss) / 1024}  # KiB on Linux
+
+
+def queue_wait_s(job_id: str | None = None) -> float | None:
+    """Seconds between the job's submission and its start (squeue %V, %S)."""
+    job_id = job_id or os.environ.get("SLURM_JOB_ID")
+    if not job_id:
+        return None
+    try:
+        out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%V|%S"], capture_output=True,
+                             text=True, timeout=10).stdout.strip()
+        submit, start = (datetime.fromisoformat(t) for t in out.split("|"))
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return None
+    return (start - submit).total_seconds()
+
+
+def ended_as(reason: str | None) -> str:
+    if reason is None:
+        return "completed"
+    if reason == "time budget":
+        return "stopped early (time budget)"
+    return f"stopped early ({reason}: preempted, time limit or cancelled)"
+
+
+def segment_usage(ranks: list[dict], wall_s: float, threads: int, reason: str | None) -> dict:
+    """One try of a segment, all ranks together (memory summed, as the job holds it)."""
+    per_node: dict[str, float] = {}
+    for r in ranks:
+        per_node[r["host"]] = per_node.get(r["host"], 0.0) + r["peak_rss_mb"]
+    cpu_s = sum(r["cpu_s"] for r in ranks)
+    return {"wall_s": wall_s, "cpu_s": cpu_s, "cpus": threads * len(ranks),
+            "cpu_efficiency": cpu_s / (wall_s * threads * len(ranks)) if wall_s else None,
+            "peak_rss_mb": sum(r["peak_rss_mb"] for r in ranks),
+            "peak_rss_mb_per_node": per_node, "queue_wait_s": queue_wait_s(),
+            "ended": ended_as(reason)}

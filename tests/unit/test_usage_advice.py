@@ -1,0 +1,42 @@
+"""Used against requested, per run and in the advice (pure functions of recorded tries)."""
+
+import pandas as pd
+import pytest
+
+from cifarflow.aggregate import request_advice, used_vs_requested
+from cifarflow.engine.usage import ended_as, segment_usage
+
+RANKS = [{"host": "n1", "cpu_s": 50.0, "peak_rss_mb": 400.0},
+         {"host": "n2", "cpu_s": 30.0, "peak_rss_mb": 300.0}]
+
+
+def test_a_try_sums_its_ranks():
+    used = segment_usage(RANKS, wall_s=100.0, threads=2, reason=None)
+    assert used["cpu_s"] == 80 and used["cpus"] == 4
+    assert used["cpu_efficiency"] == pytest.approx(80 / 400)
+    assert used["peak_rss_mb"] == 700 and used["peak_rss_mb_per_node"] == {"n1": 400, "n2": 300}
+    assert used["ended"] == "completed"
+    assert ended_as("time budget") == "stopped early (time budget)"
+    assert ended_as("signal SIGTERM").startswith("stopped early (signal SIGTERM: preempted")
+
+
+def test_runs_and_advice_say_what_to_request_next_time():
+    tries = [dict(segment_usage(RANKS[:1], 60.0, 4, None), queue_wait_s=12.0),
+             dict(segment_usage(RANKS[:1], 120.0, 4, None), queue_wait_s=8.0)]
+    res = {"cpus_per_task": 4, "mem_mb": 4000, "runtime": 30}
+    row = used_vs_requested(tries, res)
+    assert row["mem_used_mb"] == 400 and row["mem_requested_mb"] == 4000
+    assert row["cpu_efficiency"] == pytest.approx(100 / (180 * 4))
+    assert row["runtime_used_min"] == 2 and row["queue_wait_s"] == 10
+    df = pd.DataFrame([{"strategy": "cpu", "cpus_per_task": 4, **row}])
+    tips = request_advice(df)
+    assert tips[0] == ("cpu (1 run(s)): used at most 400 MB of 4,000 MB requested: request "
+                       "resources.mem_mb ~500 (saves ~0.2 GB-hours)")
+    assert "busy 14% of the time with 4 per process: request cpus_per_task 1" in tips[1]
+    assert "the longest segment took 2.0 min of 30 requested: resources.runtime 5" in tips[2]
+
+
+def test_a_run_that_uses_what_it_asked_for_gets_no_advice():
+    tries = [segment_usage(RANKS[:1], 1700.0, 1, "time budget")]
+    row = used_vs_requested(tries, {"cpus_per_task": 1, "mem_mb": 450, "runtime": 30})
+    assert request_advice(pd.DataFrame([{"strategy": "cpu", "cpus_per_task": 1, **row}])) == []
