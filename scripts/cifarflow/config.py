@@ -139,11 +139,14 @@ class TrainConfig:
     def to_dict(self) -> dict:
         return asdict(self)
 
-    def write(self, path: Path) -> None:
+    def write(self, path: Path, only_if_changed: bool = False) -> None:
         path = Path(path)
+        text = json.dumps(self.to_dict(), indent=1, sort_keys=True) + "\n"
+        if only_if_changed and path.is_file() and path.read_text() == text:
+            return  # its time stamp keeps saying when the config last changed
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=1, sort_keys=True) + "\n")
+        tmp.write_text(text)
         tmp.replace(path)
 
     def effective_lr(self) -> float:

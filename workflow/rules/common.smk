@@ -37,6 +37,13 @@ try:
 except ValueError as exc:
     raise WorkflowError(f"config error: {exc}")
 
+# The run's typed config, handed to every segment as one file (results/runs/<run>/spec.json),
+# written here, where Snakemake plans, and only when it changed: its time stamp says when the
+# run's config last changed (a job per run would cost one Snakemake start each).
+if workflow.is_main_process:
+    for _run in RUNS.values():
+        _run.config.write(RunPaths(config["results"], _run.name).spec, only_if_changed=True)
+
 PRUNE = config["sweep"].get("prune")
 if PRUNE and workflow.is_main_process:
     logger.info(
@@ -207,11 +214,6 @@ def runs_of(strategy):
     return [name for name, run in RUNS.items() if run.strategy == strategy]
 
 
-def write_spec(run, path, log):
-    run.config.write(path)
-    Path(log).write_text(f"{path}: config hash {run.config.shaping_hash()}\n")
-
-
 def segment_dir(run, segment):
     return f"{run_dir(run)}/segment-{segment}"
 
@@ -271,16 +273,15 @@ def get_launch_prefix(strategy):
 
 
 def run_resources(strategy):
-    """Rule resources, per run, plus {resources.mpi} for strategies that start several
-    processes (its presence tells the Slurm plugin not to wrap the job in its own srun:
-    our launcher calls srun itself)."""
+    """Rule resources, per run, plus `mpi`: its presence tells the Slurm jobstep not to
+    wrap the command in an srun step of its own, since our launcher starts the step. Empty
+    for one task (the plugin submits it as such; it refuses an mpi job of one task)."""
     res = {
         key: per_run(strategy, lambda run, key=key: run.resources[key])
         for key in resource_keys(strategy)
     }
     res.update(SLURM_PLACEMENT)
-    if get_strategy(strategy).launched:
-        res["mpi"] = per_run(strategy, lambda run: run.strategy_class.launcher(PYTHON, run))
+    res["mpi"] = per_run(strategy, lambda run: "srun" if run.config.world_size > 1 else "")
     return res
 
 

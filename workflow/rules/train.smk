@@ -1,18 +1,3 @@
-# The run's typed config, planned at parse time, handed to every segment as one file.
-rule write_run_spec:
-    output:
-        spec=f"{RESULTS}/runs/{{run}}/spec.json",
-    log:
-        f"{RESULTS}/logs/write_run_spec/{{run}}.log",
-    wildcard_constraints:
-        run=run_name_pattern(config["strategies"]),
-    localrule: True
-    params:
-        spec=lambda wildcards: RUNS[wildcards.run].spec,
-    run:
-        write_spec(RUNS[wildcards.run], output.spec, log[0])
-
-
 # One rule per strategy (so profiles can set resources per strategy), each a checkpoint:
 # segment k resumes from segment k-1; after each, the DAG is re-evaluated (final_segment)
 # and a further segment is added only if this one stopped before its target epoch.
@@ -26,7 +11,7 @@ for _strategy in UNPACKED:
         input:
             data=rules.extract_dataset.output.batches,
             previous=previous_segment,
-            spec=rules.write_run_spec.output.spec,
+            spec=f"{RESULTS}/runs/{{run}}/spec.json",
         output:
             ckpt=directory(f"{RESULTS}/runs/{{run}}/segment-{{segment}}"),
         log:
