@@ -13,11 +13,12 @@ from datetime import datetime
 
 def rank_usage() -> dict:
     """This process: CPU seconds (its own and its waited-for children's, e.g. DataLoader
-    workers) and peak resident memory."""
+    workers) and its peak resident memory (a forked child's peak counts the pages it
+    shares with this process, so children's peaks are not added)."""
     own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return {"host": socket.gethostname(),
             "cpu_s": own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime,
-            "peak_rss_mb": (own.ru_maxrss + kids.ru_maxrss) / 1024}  # KiB on Linux
+            "peak_rss_mb": own.ru_maxrss / 1024}  # KiB on Linux
 
 
 def queue_wait_s(job_id: str | None = None) -> float | None:
