@@ -113,13 +113,16 @@ def test_rules_call_the_installed_command_and_refuse_a_venv_without_it(tmp_path)
     plan = snakemake(tmp_path, "-n", "-p", configfile=local).stdout
     command = Path(PY).parent / "cifarflow"
     assert f"{command} fetch-data --source synthetic" in plan
-    assert f"( {command} train --spec results/runs/cpu/spec.json" in plan
+    # the segment is started by the launcher (its own srun step in a Slurm job)
+    assert re.search(rf"\(\S*python\S* -m cifarflow launch --nproc 1 .*-- {re.escape(str(command))} "
+                     r"train --spec results/runs/cpu/spec.json", plan), plan[-3000:]
     # env.mode venv: its own `cifarflow` once activated, if it is installed there
     project_venv = Path(PY).parent.parent
     plan = snakemake(tmp_path, "-n", "-p", configfile=local,
                      config=[f"env={{'mode': 'venv', 'venv': '{project_venv}'}}"]).stdout
     activate = re.escape(f"source {project_venv}/bin/activate")
-    assert re.search(rf"{activate} && +cifarflow train --spec", plan), plan[-3000:]
+    assert re.search(rf"{activate} && +python -m cifarflow launch --nproc 1 .*-- cifarflow train "
+                     r"--spec", plan), plan[-3000:]
     bare = tmp_path / "bare-venv"
     venv.create(bare, with_pip=False)
     out = snakemake(tmp_path, "-n", configfile=local, check=False,

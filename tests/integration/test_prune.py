@@ -64,22 +64,6 @@ def test_the_winner_is_bit_identical_to_the_same_run_without_pruning(pruned_swee
                          state_of(tmp_path / "whole")["model"])
 
 
-def test_without_pruning_a_pruned_run_resumes_to_the_end(pruned_sweep, tmp_path):
-    work, _, _ = pruned_sweep
-    rows = summary_rows(work)
-    pruned = sorted(r for r in rows if rows[r]["pruned_at"] == "1")[0]
-    unpruned = tmp_path / "unpruned.yaml"
-    unpruned.write_text("".join(l for l in CONFIG.read_text().splitlines(keepends=True)
-                                if "prune:" not in l))
-    # a finished summary is not re-planned by itself: ask for it again
-    snakemake(work, "--cores", 2, "--forcerun", "aggregate_results", configfile=unpruned)
-    rows = summary_rows(work)
-    assert (rows[pruned]["status"], rows[pruned]["epochs"], rows[pruned]["pruned_at"]) == \
-        ("ok", "3", "")
-    log = (work / f"results/logs/train/{pruned}/segment-2.log").read_text()
-    assert f"resumed from results/runs/{pruned}/segment-1 at epoch 2, batch 0" in log
-
-
 def test_packed_pruning_trains_the_same_segments_as_unpacked(pruned_sweep, tmp_path):
     """The same sweep in packs of 4: a pack's segment job after a pruning point trains its
     survivors only, a pack without survivors submits nothing, and every run ends where it
@@ -103,3 +87,20 @@ def test_packed_pruning_trains_the_same_segments_as_unpacked(pruned_sweep, tmp_p
     trained = sorted(len(json.loads(r.read_text())["members"])
                      for r in (tmp_path / "results/packs").glob("*/segment-*.json"))
     assert sum(trained) == 8 + 4 + 2
+
+
+def test_without_pruning_a_pruned_run_resumes_to_the_end(pruned_sweep, tmp_path):
+    """Last in this file: it trains the pruned sweep's runs on (the tests above read it)."""
+    work, _, _ = pruned_sweep
+    rows = summary_rows(work)
+    pruned = sorted(r for r in rows if rows[r]["pruned_at"] == "1")[0]
+    unpruned = tmp_path / "unpruned.yaml"
+    unpruned.write_text("".join(l for l in CONFIG.read_text().splitlines(keepends=True)
+                                if "prune:" not in l))
+    # a finished summary is not re-planned by itself: ask for it again
+    snakemake(work, "--cores", 2, "--forcerun", "aggregate_results", configfile=unpruned)
+    rows = summary_rows(work)
+    assert (rows[pruned]["status"], rows[pruned]["epochs"], rows[pruned]["pruned_at"]) == \
+        ("ok", "3", "")
+    log = (work / f"results/logs/train/{pruned}/segment-2.log").read_text()
+    assert f"resumed from results/runs/{pruned}/segment-1 at epoch 2, batch 0" in log
