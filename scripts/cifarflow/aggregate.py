@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
+
+from .tries import tries_of
 
 COLUMNS = ["run", "strategy", "device", "model", "batch_size", "world_size", "cpus_per_task",
            "epochs",
@@ -11,7 +14,8 @@ COLUMNS = ["run", "strategy", "device", "model", "batch_size", "world_size", "cp
            "epoch_s", "peak_mem_mb", "gpu_util_pct", "segments", "attempts", "requeues",
            "early_stops", "slurm_job_ids", "hosts", "status", "pruned_at", "resized",
            "fallbacks", "cpu_efficiency", "mem_used_mb", "mem_requested_mb", "runtime_used_min",
-           "runtime_requested_min", "queue_wait_s", "last_ended"]
+           "runtime_requested_min", "mem_requested_last_mb", "runtime_requested_last_min",
+           "queue_wait_s", "last_ended", "try_ends"]
 MARGIN = 1.25  # what to request next time: the measured peak plus a quarter
 MAX_BARS, MAX_LEGEND = 50, 20  # plots of big sweeps stay readable
 
@@ -42,6 +46,9 @@ def summarize_run(name: str, run: dict) -> dict:
         attempts[r["segment"]] = max(attempts.get(r["segment"], 0), r["attempt"])
         requeues[r["segment"]] = max(requeues.get(r["segment"], 0), r.get("requeue", 0))
     row["attempts"] = sum(attempts.values())  # a retried segment counts each try
+    ends = Counter(t["ended"] for t in tries_of(Path(path).parent.parent, None,
+                                                invocation=""))
+    row["try_ends"] = ", ".join(f"{end} {n}" for end, n in sorted(ends.items()))
     row["requeues"] = sum(requeues.values())
     row["early_stops"] = sum(1 for r in meta.get("segment_runs", []) if r["stopped"])
     row.update(used_vs_requested(meta.get("segment_runs", []), res))
@@ -76,12 +83,17 @@ def used_vs_requested(tries: list[dict], res: dict) -> dict:
     if not measured:
         return out
     core_s = sum(t["wall_s"] * t["cpus"] for t in measured)
+    last = measured[-1]
+    if last.get("requested_mem_mb"):  # what the last try asked (resources.autosize, retries)
+        out["mem_requested_last_mb"] = last["requested_mem_mb"] * res.get("nodes", 1)
+    if last.get("requested_runtime_min"):
+        out["runtime_requested_last_min"] = last["requested_runtime_min"]
     waits = [t["queue_wait_s"] for t in measured if t.get("queue_wait_s") is not None]
     return {**out, "cpu_efficiency": sum(t["cpu_s"] for t in measured) / core_s if core_s else None,
             "mem_used_mb": max(t["peak_rss_mb"] for t in measured),
             "runtime_used_min": max(t["wall_s"] for t in measured) / 60,
             "queue_wait_s": sum(waits) / len(waits) if waits else None,
-            "last_ended": measured[-1]["ended"],
+            "last_ended": last["ended"],
             "job_hours": sum(t["wall_s"] for t in measured) / 3600}
 
 

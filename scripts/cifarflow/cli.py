@@ -34,15 +34,51 @@ def cmd_extract_data(a) -> None:
     print(f"extracted and checked {batches}")
 
 
-def cmd_train(a) -> None:
+def cmd_train(a) -> dict:
     from .config import TrainConfig
     from .engine import run_training
 
-    run_training(TrainConfig.read(Path(a.spec)), threads=a.threads, data_dir=Path(a.data),
-                 out_dir=Path(a.out), resume_dir=Path(a.resume) if a.resume else None,
-                 work_dir=Path(a.work) if a.work else None, until_epoch=a.until_epoch,
-                 budget_min=a.budget_min, start_time=START, attempt=a.attempt,
-                 tensorboard_dir=Path(a.tensorboard) if a.tensorboard else None)
+    return run_training(TrainConfig.read(Path(a.spec)), threads=a.threads, data_dir=Path(a.data),
+                        out_dir=Path(a.out), resume_dir=Path(a.resume) if a.resume else None,
+                        work_dir=Path(a.work) if a.work else None, until_epoch=a.until_epoch,
+                        budget_min=a.budget_min, start_time=START, attempt=a.attempt,
+                        mem_mb=a.mem_mb,
+                        tensorboard_dir=Path(a.tensorboard) if a.tensorboard else None)
+
+
+def train_recording_tries(args, user_errors: tuple) -> None:
+    """``cifarflow train`` with its try in the run's tries.jsonl (start, how it ended); a
+    retry whose previous try in this invocation ended with an error to fix ends at once."""
+    from . import tries
+    from .engine.usage import ended_as
+    from .layout import segment_number
+
+    if not args.work:
+        return args.func(args)
+    run_dir, k = Path(args.work).parent, segment_number(args.out) or 0  # results/runs/<run>
+    refused = tries.refusal(run_dir, k, args.attempt)
+    if refused:
+        print(f"cifarflow train: error: {refused}", file=sys.stderr, flush=True)
+        sys.exit(2)
+    if tries.this_rank() == 0:
+        tries.record(run_dir, k, args.attempt, "start")
+    try:
+        result = args.func(args)
+    except user_errors as exc:
+        tries.record(run_dir, k, args.attempt, "end", ended=tries.USER_ERROR,
+                     error=f"{type(exc).__name__}: {exc}")
+        raise
+    except MemoryError:
+        tries.record(run_dir, k, args.attempt, "end", ended=tries.OUT_OF_MEMORY)
+        raise
+    except Exception as exc:
+        out_of_memory = type(exc).__name__ == "OutOfMemoryError"  # torch's, on a GPU
+        tries.record(run_dir, k, args.attempt, "end",
+                     ended=tries.OUT_OF_MEMORY if out_of_memory else "failed",
+                     error=f"{type(exc).__name__}: {str(exc)[:300]}")
+        raise
+    if tries.this_rank() == 0:
+        tries.record(run_dir, k, args.attempt, "end", ended=ended_as(result["stopped"]))
 
 
 def cmd_train_pack(a) -> None:
@@ -109,6 +145,8 @@ def parser() -> argparse.ArgumentParser:
                    "(the rule's runtime); the spec's budget_s applies if smaller")
     t.add_argument("--threads", type=int, default=0)
     t.add_argument("--attempt", type=int, default=1, help="Snakemake's attempt (retries)")
+    t.add_argument("--mem-mb", type=int, default=None, help="memory the job asked for per node "
+                   "(recorded next to what the segment used)")
     t.add_argument("--tensorboard", default=None, help="the run's TensorBoard directory "
                    "(rank 0 writes event files there); none: no event files")
     t.set_defaults(func=cmd_train)
@@ -168,9 +206,13 @@ def main(argv=None) -> None:
     from .strategies.base import StrategyError
 
     args = parser().parse_args(argv)
+    user_errors = (DatasetError, CheckpointError, StrategyError, ValueError)
     try:
-        args.func(args)
-    except (DatasetError, CheckpointError, StrategyError, ValueError) as exc:
+        if args.command == "train":
+            train_recording_tries(args, user_errors)
+        else:
+            args.func(args)
+    except user_errors as exc:
         print(f"cifarflow {args.command}: error: {exc}", file=sys.stderr, flush=True)
         sys.exit(2)
     if args.command == "train":

@@ -26,7 +26,7 @@ from .layout import RunPaths
 
 
 def member_argv(paths: RunPaths, k: int, data: str, until_epoch: int, threads: int,
-                budget_min: float, attempt: int) -> list[str]:
+                budget_min: float, attempt: int, mem_mb: int) -> list[str]:
     """The member's `cifarflow train`, exactly as an unpacked segment job runs it."""
     argv = [sys.executable, "-m", "cifarflow", "train", "--spec", paths.spec, "--data", data,
             "--out", paths.segment(k), "--work", paths.work, "--until-epoch", str(until_epoch),
@@ -34,7 +34,7 @@ def member_argv(paths: RunPaths, k: int, data: str, until_epoch: int, threads: i
     if k > 1:
         argv += ["--resume", paths.segment(k - 1)]
     return argv + ["--threads", str(threads), "--budget-min", str(budget_min),
-                   "--attempt", str(attempt)]
+                   "--attempt", str(attempt), "--mem-mb", str(mem_mb)]
 
 
 def slurm_step(argv: list[str], run: str, cpus: int, mem_per_cpu: int, gpus: int) -> list[str]:
@@ -88,7 +88,8 @@ def run_pack(pack: str, k: int, members: list[str], results: str, data: str,
                       flush=True)
                 continue
             attempt = next_attempt(paths, k)
-            argv = member_argv(paths, k, data, until_epoch, threads, budget_min, attempt)
+            argv = member_argv(paths, k, data, until_epoch, threads, budget_min, attempt,
+                               mem_per_cpu * threads)
             if in_slurm:
                 argv = slurm_step(argv, run, threads, mem_per_cpu, gpus)
             log = Path(paths.log(k))

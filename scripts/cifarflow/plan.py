@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from .config import TrainConfig, data_identity
 from .prune import check_prune
+from .sizing import Policy
 from .strategies import Strategy, get_strategy, registered
 
 # sweep key -> (short name in run names, config section it overrides), for every strategy;
@@ -61,6 +62,7 @@ class Run:
     config: TrainConfig
     resources: dict              # scheduler request of each segment
     threads: int = 1             # cores the local scheduler reserves
+    policy: Policy | None = None  # how a segment's request is sized (autosize, retries)
     segment_epochs: list = field(default_factory=list)  # target epoch of segment k (1-based)
 
     @property
@@ -115,9 +117,13 @@ def plan_run(strategy: str, config: dict, swept: dict) -> Run:
         "budget_s": float(sections["segments"]["budget_s"]),
         "elastic": bool(sections["segments"]["elastic"])})
     job = dict(cls.job_resources(cfg, res), runtime=int(res["runtime"]))
+    per_node = job["mem_mb"] // int(res["mem_mb"])  # processes on a node
+    policy = Policy(job["mem_mb"], job["runtime"], bool(res["autosize"]),
+                    float(res["autosize_margin"]), float(res["oom_factor"]),
+                    int(res["max_mem_mb"] or 4 * int(res["mem_mb"])) * per_node, cfg.margin_s)
     return Run(name, strategy, swept, cfg, job,
                segment_epochs=segment_targets(cfg.epochs, int(sections["segments"]["count"])),
-               threads=int(res["cpus_per_task"]) * world)
+               threads=int(res["cpus_per_task"]) * world, policy=policy)
 
 
 def packable(cls: type[Strategy]) -> bool:

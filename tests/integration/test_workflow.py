@@ -304,3 +304,4 @@ def test_a_failed_attempt_is_retried_resumes_and_keeps_its_log(tmp_path):
     row = read_summary(tmp_path / "results/summary.csv")[0]
     assert (row["status"], row["segments"], row["attempts"], row["early_stops"]) == \
         ("ok", "1", "2", "0")
+    assert row["try_ends"] == "completed 1, killed 1"  # the killed try wrote no end

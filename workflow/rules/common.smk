@@ -1,10 +1,10 @@
-import functools
 import json
 import os
 import re
 import shlex
 import sys
 import sysconfig
+import time
 from pathlib import Path
 
 from snakemake.exceptions import IncompleteCheckpointException, WorkflowError
@@ -22,6 +22,11 @@ from cifarflow.job_env import keep_slurm_job_values, put_engine_first  # noqa: E
 
 put_engine_first(SCRIPTS)
 keep_slurm_job_values()
+
+from cifarflow.tries import INVOCATION, out_of_memory_count  # noqa: E402
+
+if workflow.is_main_process:  # which tries of a segment are this run of the workflow's
+    os.environ[INVOCATION] = f"{time.time():.0f}.{os.getpid()}"
 
 from cifarflow.plan import build_packs, build_runs, check_user_models  # noqa: E402  (no torch)
 from cifarflow.chain import Chain  # noqa: E402
@@ -272,14 +277,45 @@ def get_launch_prefix(strategy):
     return per_run(strategy, lambda run: run.strategy_class.command_prefix(PYTHON, run))
 
 
+SIZING_LOGGED = set()
+
+
+def sized_request(runs, k, previous, attempt, name):
+    """The request of segment k of `runs` (one, or a pack's members, who share one):
+    the configured one, or from the previous segment's measurement (resources.autosize),
+    with more memory after tries of this segment that ran out of it (retries only)."""
+    first = RUNS[runs[0]]
+    ooms = 0
+    if attempt > 1:
+        ooms = max(out_of_memory_count(RunPaths(RESULTS, run).root, k) for run in runs)
+    request = first.policy.request(previous, first.until_epoch(k), ooms)
+    if request.why and (name, k, attempt) not in SIZING_LOGGED:
+        SIZING_LOGGED.add((name, k, attempt))
+        logger.info(f"{name} segment {k}: {request.why}")
+    return request
+
+
+def segment_request(key):
+    """mem_mb or runtime of a segment job, sized (sized_request) once its input exists."""
+
+    def value(wildcards, input, attempt):
+        k = int(wildcards.segment)
+        previous = [input.previous] if k > 1 and Path(input.previous).is_dir() else []
+        return getattr(sized_request([wildcards.run], k, previous, attempt, wildcards.run), key)
+
+    return value
+
+
 def run_resources(strategy):
     """Rule resources, per run, plus `mpi`: its presence tells the Slurm jobstep not to
     wrap the command in an srun step of its own, since our launcher starts the step. Empty
-    for one task (the plugin submits it as such; it refuses an mpi job of one task)."""
+    for one task (the plugin submits it as such; it refuses an mpi job of one task).
+    Memory and runtime are sized per segment (segment_request)."""
     res = {
         key: per_run(strategy, lambda run, key=key: run.resources[key])
         for key in resource_keys(strategy)
     }
+    res.update(mem_mb=segment_request("mem_mb"), runtime=segment_request("runtime"))
     res.update(SLURM_PLACEMENT)
     res["mpi"] = per_run(strategy, lambda run: "srun" if run.config.world_size > 1 else "")
     return res
@@ -313,7 +349,6 @@ def pack_params(wildcards):
         "results": RESULTS,
         "data": BATCHES,
         "until-epoch": first.until_epoch(k),
-        "mem-per-cpu": mem_per_cpu(pack.member_resources),
         "gpus": first.strategy_class.gpus_per_node(first.config),
     }
     args = [f"--{key}={value}" for key, value in options.items()]
@@ -337,11 +372,22 @@ def pack_resources(strategy):
     def tasks(wildcards):
         return len(pack_members(wildcards))
 
+    def request(wildcards, input, attempt):
+        """One member's, sized from all members' previous segments (sized_request)."""
+        k, members = int(wildcards.segment), pack_members(wildcards)
+        previous = [RunPaths(RESULTS, run).segment(k - 1) for run in members] if k > 1 else []
+        return sized_request(members, k, previous, attempt, wildcards.pack)
+
     res = {
         "tasks": tasks,
         "cpus_per_task": lambda wildcards: member(wildcards, "cpus_per_task"),
-        "mem_mb_per_cpu": lambda wildcards: mem_per_cpu(PACKS[wildcards.pack].member_resources),
-        "runtime": lambda wildcards: member(wildcards, "runtime"),
+        "mem_mb_per_cpu": lambda wildcards, input, attempt: mem_per_cpu(
+            {
+                "mem_mb": request(wildcards, input, attempt).mem_mb,
+                "cpus_per_task": member(wildcards, "cpus_per_task"),
+            }
+        ),
+        "runtime": lambda wildcards, input, attempt: request(wildcards, input, attempt).runtime,
         "mpi": lambda wildcards: "srun" if tasks(wildcards) > 1 else "",
     }
     if get_strategy(strategy).device_kind == "cuda":

@@ -33,7 +33,8 @@ for _strategy in UNPACKED:
         shell:
             "trap '' TERM; ({params.prologue}{params.launch} {params.cifarflow} train"
             " --spec {input.spec} {params.args} --threads {resources.cpus_per_task}"
-            " --budget-min {resources.runtime} --attempt {resources.attempt}) 2>&1"
+            " --budget-min {resources.runtime} --mem-mb {resources.mem_mb}"
+            " --attempt {resources.attempt}) 2>&1"
             f" | {KEEP_ATTEMPT_LOG}"
 
 
@@ -68,4 +69,5 @@ for _strategy in PACKED:
         shell:
             "trap '' TERM; {params.prologue}{params.cifarflow} train-pack {params.args}"
             " --threads {resources.cpus_per_task} --budget-min {resources.runtime}"
+            " --mem-per-cpu {resources.mem_mb_per_cpu}"
             " --slots {threads} --record {output.record} > {log} 2>&1"

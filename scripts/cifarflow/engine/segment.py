@@ -47,7 +47,7 @@ class Segment:
     def __init__(self, cfg: TrainConfig, strategy, data_dir: Path, out_dir: Path,
                  resume_dir: Path | None = None, work_dir: Path | None = None,
                  until_epoch: int | None = None, budget_min: float | None = None,
-                 start_time: float | None = None, attempt: int = 1,
+                 start_time: float | None = None, attempt: int = 1, mem_mb: int | None = None,
                  tensorboard_dir: Path | None = None):
         self.cfg, self.strategy = cfg, strategy
         self.data_dir, self.out_dir = Path(data_dir), Path(out_dir)
@@ -57,6 +57,7 @@ class Segment:
         budgets = [b for b in (cfg.budget_s, (budget_min or 0) * 60) if b]
         self.budget_s = min(budgets) if budgets else None
         self.start_time, self.attempt = start_time or time.time(), attempt
+        self.requested = {"requested_mem_mb": mem_mb, "requested_runtime_min": budget_min}
         self.checkpointer = strategy.checkpointer()
         self.progress = Progress()
         self.report = Reporter(strategy, tensorboard_dir)
@@ -182,6 +183,10 @@ class Segment:
                  f"of {self.cfg.epochs}, {self.steps} batches/epoch")
         self.log("ranks: " + ", ".join(f"{r} on {host} (python {prefix})"
                                        for r, (host, prefix) in enumerate(self.places)))
+        mem, runtime = self.requested.values()
+        if mem or runtime:
+            self.log(f"request: {f'{mem} MB per node' if mem else 'memory unknown'}, "
+                     f"{f'{runtime:g} min' if runtime else 'no time limit'}")
 
     def global_step(self) -> int:
         return self.progress.epoch * self.steps + self.progress.step
@@ -281,7 +286,8 @@ class Segment:
         p.segment_runs.append({"segment": self.out_dir.name, "attempt": self.attempt,
                                "stopped": reason, "epoch": p.epoch, "step": p.step,
                                "requeue": slurm_restarts(), "hosts": self.hosts,
-                               "slurm_job_id": os.environ.get("SLURM_JOB_ID", ""), **used})
+                               "slurm_job_id": os.environ.get("SLURM_JOB_ID", ""),
+                               **self.requested, **used})
         if reason:
             # every rank says where it stopped, in one write so lines do not interleave
             sys.stdout.write(f"[rank {self.strategy.rank}] stopping at epoch {p.epoch + 1} "

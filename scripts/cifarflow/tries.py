@@ -1,0 +1,126 @@
+"""Every try of a segment, in the run's directory (``results/runs/<run>/tries.jsonl``, beside
+the in-segment checkpoint ``work/``, which each save replaces): when it started,
+in which Slurm job and Snakemake invocation, and how it ended. A try that was killed
+(out of memory, node failure, time limit) writes no end: Slurm's state of its job says.
+
+The workflow reads it to size a retry (more memory after an out-of-memory kill) and the
+engine to refuse a retry that would fail again: an error a user must fix (exit status 2:
+a bad config, a damaged checkpoint, missing data) is not the node's, the time limit's or
+memory's fault, so a retry in the same invocation ends at once with that error. No torch."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+TRIES = "tries.jsonl"
+INVOCATION = "CIFARFLOW_INVOCATION"  # set by the workflow's main process, inherited by jobs
+USER_ERROR = "error"                 # how a try that ended with an error to fix is recorded
+OUT_OF_MEMORY = "out of memory"
+
+# Slurm job states of a try that wrote no end (sacct / squeue --states=all)
+SLURM_ENDS = {"OUT_OF_MEMORY": OUT_OF_MEMORY, "NODE_FAIL": "node failure", "TIMEOUT": "timeout",
+              "PREEMPTED": "preempted", "CANCELLED": "cancelled", "FAILED": "killed",
+              "BOOT_FAIL": "node failure", "DEADLINE": "timeout"}
+
+
+def this_rank() -> int:
+    for name in ("RANK", "SLURM_PROCID", "LOCAL_RANK"):
+        if os.environ.get(name):
+            return int(os.environ[name])
+    return 0
+
+
+def job_id() -> str:
+    return os.environ.get("SLURM_JOB_ID") or os.environ.get("CIFARFLOW_SLURM_JOB_ID", "")
+
+
+def record(run_dir, segment: int, attempt: int, event: str, **fields) -> None:
+    """Append one line (one write, so ranks' lines never interleave)."""
+    entry = {"segment": segment, "attempt": attempt, "event": event, "rank": this_rank(),
+             "job_id": job_id(), "invocation": os.environ.get(INVOCATION, ""),
+             "time": time.time(), **fields}
+    path = Path(run_dir) / TRIES
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, (json.dumps(entry) + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def read(run_dir) -> list[dict]:
+    path = Path(run_dir) / TRIES
+    if not path.is_file():
+        return []
+    entries = []
+    for line in path.read_text().splitlines():
+        try:
+            entries.append(json.loads(line))
+        except ValueError:
+            continue  # a line cut by a kill mid-write: the others still count
+    return entries
+
+
+def slurm_state(job: str) -> str | None:
+    """The job's state: sacct where there is accounting, else squeue (while the controller
+    remembers the job: MinJobAge)."""
+    for argv in (["sacct", "-n", "-X", "-P", "-j", job, "-o", "State"],
+                 ["squeue", "-h", "-j", job, "--states=all", "-o", "%T"]):
+        try:
+            out = subprocess.run(argv, capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        words = out.stdout.split()
+        if out.returncode == 0 and words:
+            return words[0].rstrip("+")  # "CANCELLED by 0" -> CANCELLED
+    return None
+
+
+def tries_of(run_dir, segment: int | None, invocation: str | None = None,
+             state_of=slurm_state) -> list[dict]:
+    """The tries of ``segment`` (of all, for None) in this invocation (in all, where none
+    is set), oldest first, each with how it ended: its own end record, else its Slurm
+    job's state, else "killed". One try per start, whatever its ranks wrote."""
+    invocation = os.environ.get(INVOCATION, "") if invocation is None else invocation
+    tries: list[dict] = []
+    open_try: dict[int, dict] = {}  # segment -> its latest try
+    for entry in read(run_dir):
+        k = entry.get("segment")
+        if (segment is not None and k != segment) or \
+                (invocation and entry.get("invocation") != invocation):
+            continue
+        if entry["event"] == "start":
+            open_try[k] = {"segment": k, "attempt": entry["attempt"],
+                           "job_id": entry.get("job_id", ""), "ended": None, "error": None}
+            tries.append(open_try[k])
+        elif entry["event"] == "end" and open_try.get(k, {}).get("attempt") == entry["attempt"]:
+            last = open_try[k]
+            if last["ended"] != USER_ERROR:  # one rank's error to fix outweighs the rest
+                last["ended"], last["error"] = entry["ended"], entry.get("error")
+    for t in tries:
+        if t["ended"] is None:
+            state = state_of(t["job_id"]) if t["job_id"] else None
+            t["ended"] = SLURM_ENDS.get(state or "", "killed")
+    return tries
+
+
+def out_of_memory_count(run_dir, segment: int, **kw) -> int:
+    return sum(1 for t in tries_of(run_dir, segment, **kw) if t["ended"] == OUT_OF_MEMORY)
+
+
+def refusal(run_dir, segment: int, attempt: int, **kw) -> str | None:
+    """Why this retry must not train: its previous try in this invocation ended with an
+    error a user must fix. None for a first try and after any other end."""
+    if attempt <= 1 or not os.environ.get(INVOCATION):
+        return None
+    tries = tries_of(run_dir, segment, state_of=lambda job: None, **kw)
+    if tries and tries[-1]["ended"] == USER_ERROR:
+        last = tries[-1]
+        return (f"segment {segment}: attempt {last['attempt']} failed with an error to fix, not "
+                f"a fault of the node, the time limit or memory: {last['error']}; not retried "
+                "(fix it, then run the workflow again)")
+    return None
