@@ -46,8 +46,8 @@ def summarize_run(name: str, run: dict) -> dict:
         attempts[r["segment"]] = max(attempts.get(r["segment"], 0), r["attempt"])
         requeues[r["segment"]] = max(requeues.get(r["segment"], 0), r.get("requeue", 0))
     row["attempts"] = sum(attempts.values())  # a retried segment counts each try
-    ends = Counter(t["ended"] for t in tries_of(Path(path).parent.parent, None,
-                                                invocation=""))
+    ends = Counter(t["ended"] for t in tries_of(Path(path).parent.parent, None, invocation="",
+                                                logs_dir=run.get("logs")))
     row["try_ends"] = ", ".join(f"{end} {n}" for end, n in sorted(ends.items()))
     row["requeues"] = sum(requeues.values())
     row["early_stops"] = sum(1 for r in meta.get("segment_runs", []) if r["stopped"])

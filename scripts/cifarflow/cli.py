@@ -49,8 +49,7 @@ def cmd_train(a) -> dict:
 def train_recording_tries(args, user_errors: tuple) -> None:
     """``cifarflow train`` with its try in the run's tries.jsonl (start, how it ended); a
     retry whose previous try in this invocation ended with an error to fix ends at once."""
-    from . import tries
-    from .engine.usage import ended_as
+    from . import tries  # no torch before the start is recorded: a kill may come early
     from .layout import segment_number
 
     if not args.work:
@@ -78,6 +77,8 @@ def train_recording_tries(args, user_errors: tuple) -> None:
                      error=f"{type(exc).__name__}: {str(exc)[:300]}")
         raise
     if tries.this_rank() == 0:
+        from .engine.usage import ended_as
+
         tries.record(run_dir, k, args.attempt, "end", ended=ended_as(result["stopped"]))
 
 

@@ -5,6 +5,7 @@ time, in the main process and again in every job. No torch here."""
 from __future__ import annotations
 
 import os
+import shlex
 from pathlib import Path
 
 
@@ -26,3 +27,23 @@ def keep_slurm_job_values(environ=os.environ) -> None:
         environ["CIFARFLOW_SLURM_JOB_ID"] = job_id
         for name in ("SLURM_TMPDIR", "SLURM_RESTART_COUNT"):
             environ[f"CIFARFLOW_{name}"] = environ.get(name, "")
+
+
+def prologue(env: dict, basedir: Path, nodes: int = 1) -> str:
+    """Shell lines (each ending in ``&& ``) that give a job its software, from config.env:
+    the Alliance way is `module load`, a venv in $SLURM_TMPDIR and `pip install --no-index`
+    (on every node of a multi-node job, one task per node)."""
+    lines = [f"module load {' '.join(env['modules'])}"] if env["modules"] else []
+    if env["mode"] == "slurm_tmpdir":
+        pip = ["--no-index"] if env["pip_no_index"] else []
+        pip += ["--find-links", env["find_links"]] if env["find_links"] else []
+        build = shlex.join([str(Path(basedir) / "workflow/scripts/node_venv.sh"),
+                            str(Path(basedir) / env["requirements"]), *pip])
+        if nodes > 1:  # ranks find the venv at the same path everywhere
+            build = (f"srun --kill-on-bad-exit=1 --nodes={nodes} --ntasks={nodes} "
+                     f"--ntasks-per-node=1 --cpus-per-task=1 {build}")
+        lines += ['export JOB_VENV="${CIFARFLOW_SLURM_TMPDIR:-${TMPDIR:-/tmp}/cifarflow.$SLURM_JOB_ID}/env"',
+                  build, 'source "$JOB_VENV/bin/activate"']
+    elif env["mode"] == "venv":
+        lines += [f"source {shlex.quote(env['venv'])}/bin/activate"]
+    return "".join(f"{line} && " for line in lines)

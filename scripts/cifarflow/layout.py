@@ -32,8 +32,13 @@ class RunPaths:
     def segment(self, k: int) -> str:
         return f"{self.root}/segment-{k}"
 
+    @property
+    def logs(self) -> str:
+        """Its training logs: segment-<k>.log, and one per try of a segment beside it."""
+        return f"{self.results}/logs/train/{self.run}"
+
     def log(self, k: int) -> str:
-        return f"{self.results}/logs/train/{self.run}/segment-{k}.log"
+        return f"{self.logs}/segment-{k}.log"
 
 
 def pack_marker(results: str, pack: str, k: int) -> str:

@@ -80,11 +80,36 @@ def slurm_state(job: str) -> str | None:
     return None
 
 
+# what Slurm writes into a step's output when it kills it for memory: the cgroup's OOM
+# killer ("Detected 1 oom-kill event(s)", srun's "task 0: Out Of Memory"), the polling
+# enforcement of jobacct_gather ("exceeded memory limit ..., being killed")
+OOM_MARKERS = ("oom-kill", "Out Of Memory", "exceeded memory limit")
+
+
+def killed_for_memory(logs_dir, segment: int, attempt: int) -> bool:
+    """Whether the try's own log (segment-<k>.attempt<n>[.requeue<r>].log) says Slurm
+    killed it for memory, where the job's state does not (the step's, not the job's)."""
+    if not logs_dir:
+        return False
+    for log in Path(logs_dir).glob(f"segment-{segment}.attempt{attempt}.*log"):
+        try:
+            with open(log, "rb") as f:
+                f.seek(max(0, log.stat().st_size - 20000))
+                tail = f.read().decode(errors="replace")
+        except OSError:
+            continue
+        if any(marker in tail for marker in OOM_MARKERS):
+            return True
+    return False
+
+
 def tries_of(run_dir, segment: int | None, invocation: str | None = None,
-             state_of=slurm_state) -> list[dict]:
+             state_of=slurm_state, logs_dir=None) -> list[dict]:
     """The tries of ``segment`` (of all, for None) in this invocation (in all, where none
     is set), oldest first, each with how it ended: its own end record, else its Slurm
-    job's state, else "killed". One try per start, whatever its ranks wrote."""
+    job's state or what Slurm wrote in its log (``logs_dir``: the run's training logs)
+    when it killed it for memory, else "killed". One try per start, whatever its ranks
+    wrote."""
     invocation = os.environ.get(INVOCATION, "") if invocation is None else invocation
     tries: list[dict] = []
     open_try: dict[int, dict] = {}  # segment -> its latest try
@@ -105,6 +130,9 @@ def tries_of(run_dir, segment: int | None, invocation: str | None = None,
         if t["ended"] is None:
             state = state_of(t["job_id"]) if t["job_id"] else None
             t["ended"] = SLURM_ENDS.get(state or "", "killed")
+            if t["ended"] != OUT_OF_MEMORY and killed_for_memory(logs_dir, t["segment"],
+                                                                 t["attempt"]):
+                t["ended"] = OUT_OF_MEMORY
     return tries
 
 

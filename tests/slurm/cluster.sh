@@ -197,7 +197,11 @@ SelectTypeParameters=CR_Core_Memory
 DefMemPerCPU=${defmem}
 # no accounting
 AccountingStorageType=accounting_storage/none
-JobAcctGatherType=jobacct_gather/none
+# memory is enforced, as on a production cluster: a step above its request is killed
+# (OUT_OF_MEMORY); polling /proc, since one cgroup tree cannot serve three slurmds here
+JobAcctGatherType=jobacct_gather/linux
+JobAcctGatherFrequency=task=1
+JobAcctGatherParams=OverMemoryKill
 JobCompType=jobcomp/none
 MailProg=/bin/true
 # nodes: this host, and n1/n2 in their namespaces (each advertises this machine's cores,

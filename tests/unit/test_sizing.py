@@ -103,3 +103,22 @@ def test_a_retry_after_an_error_to_fix_is_refused_once_any_rank_reported_it(tmp_
     assert tries.refusal(tmp_path, 4, attempt=2) is None     # memory: retried
     monkeypatch.setenv(tries.INVOCATION, "rerun")             # the user's next run trains
     assert tries.refusal(tmp_path, 3, attempt=2) is None
+
+
+def test_a_try_slurm_killed_for_memory_is_known_by_its_log(tmp_path, invocation):
+    """Where the job's state says FAILED (the step was killed, not the job), the try's own
+    log holds Slurm's words."""
+    tries.record(tmp_path, 1, 1, "start")
+    tries.record(tmp_path, 1, 2, "start")
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "segment-1.attempt1.log").write_text(
+        "epoch 1\nslurmstepd-n1: error: StepId=15.0 exceeded memory limit (634183680 > "
+        "419430400), being killed\nsrun: error: n1: task 0: Killed\n")
+    (logs / "segment-1.attempt2.requeue1.log").write_text(
+        "slurmstepd: error: Detected 1 oom-kill event(s) in StepId=16.0.\n")
+    (logs / "segment-1.attempt12.log").write_text("exceeded memory limit\n")  # not attempt 1
+    got = tries.tries_of(tmp_path, 1, state_of=lambda job: "FAILED", logs_dir=logs)
+    assert [t["ended"] for t in got] == ["out of memory", "out of memory"]
+    assert [t["ended"] for t in tries.tries_of(tmp_path, 1, state_of=lambda job: None)] == \
+        ["killed", "killed"]

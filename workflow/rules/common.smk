@@ -18,7 +18,7 @@ validate(config, schema="../schemas/config.schema.yaml")
 SCRIPTS = Path(workflow.basedir) / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 
-from cifarflow.job_env import keep_slurm_job_values, put_engine_first  # noqa: E402
+from cifarflow.job_env import keep_slurm_job_values, prologue, put_engine_first  # noqa: E402
 
 put_engine_first(SCRIPTS)
 keep_slurm_job_values()
@@ -143,32 +143,8 @@ def fetch_args():
 
 
 def env_prologue(nodes=1):
-    """Shell lines that give a job its software: the Alliance way is `module load`, a venv
-    in $SLURM_TMPDIR and `pip install --no-index` (on every node of a multi-node job)."""
-    lines = [f"module load {' '.join(ENV['modules'])}"] if ENV["modules"] else []
-    if ENV["mode"] == "slurm_tmpdir":
-        pip = ["--no-index"] if ENV["pip_no_index"] else []
-        pip += ["--find-links", ENV["find_links"]] if ENV["find_links"] else []
-        build = shlex.join(
-            [
-                str(Path(workflow.basedir) / "workflow/scripts/node_venv.sh"),
-                str(Path(workflow.basedir) / ENV["requirements"]),
-                *pip,
-            ]
-        )
-        if nodes > 1:  # one task per node; ranks find the venv at the same path everywhere
-            build = (
-                f"srun --kill-on-bad-exit=1 --nodes={nodes} --ntasks={nodes} "
-                f"--ntasks-per-node=1 --cpus-per-task=1 {build}"
-            )
-        lines += [
-            'export JOB_VENV="${CIFARFLOW_SLURM_TMPDIR:-${TMPDIR:-/tmp}/cifarflow.$SLURM_JOB_ID}/env"',
-            build,
-            'source "$JOB_VENV/bin/activate"',
-        ]
-    elif ENV["mode"] == "venv":
-        lines += [f"source {shlex.quote(ENV['venv'])}/bin/activate"]
-    return "".join(f"{line} && " for line in lines)
+    """What gives a job its software (config.env): cifarflow/job_env.py."""
+    return prologue(ENV, Path(workflow.basedir), nodes)
 
 
 # Every try of a segment keeps its own log beside {log}, which Snakemake empties before a
@@ -287,7 +263,12 @@ def sized_request(runs, k, previous, attempt, name):
     first = RUNS[runs[0]]
     ooms = 0
     if attempt > 1:
-        ooms = max(out_of_memory_count(RunPaths(RESULTS, run).root, k) for run in runs)
+        ooms = max(
+            out_of_memory_count(
+                RunPaths(RESULTS, run).root, k, logs_dir=RunPaths(RESULTS, run).logs
+            )
+            for run in runs
+        )
     request = first.policy.request(previous, first.until_epoch(k), ooms)
     if request.why and (name, k, attempt) not in SIZING_LOGGED:
         SIZING_LOGGED.add((name, k, attempt))
@@ -460,6 +441,7 @@ def write_runs_file(metrics, path):
             "metrics": metrics.get(name),
             "pruned_at": CHAIN.known_pruned_at(name),
             "planned_segments": len(run.segment_epochs),
+            "logs": RunPaths(RESULTS, name).logs,
         }
         for name, run in RUNS.items()
     }

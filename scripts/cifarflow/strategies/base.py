@@ -9,8 +9,9 @@ A strategy says, in one class:
 * **process side**: device and process group, model wrapping, which checkpointer, how
   values are reduced across ranks, and who drives the loop (the engine's own, by default).
 
-Wrap order, once for all strategies: move to device -> channels_last -> ``torch.compile``
--> DDP/FSDP wrapping (torchtitan's order; compile sees the plain module).
+Wrap order, once for all strategies (``wrap``): move to device -> channels_last ->
+``torch.compile`` -> ``distribute`` (DDP/FSDP; torchtitan's order: compile sees the plain
+module).
 """
 
 from __future__ import annotations
@@ -171,10 +172,15 @@ class Strategy:
         return FileCheckpointer(self)
 
     def wrap(self, model):
-        """Model already on self.device; returns what the loop calls."""
+        """Model already on self.device; returns what the loop calls: compiled (the plain
+        module), then distributed."""
         if self.cfg.compile:
             import torch
             model = torch.compile(model)
+        return self.distribute(model)
+
+    def distribute(self, model):
+        """The strategy's own wrapping (DDP, FSDP); none for one process."""
         return model
 
     def unwrap(self, model):

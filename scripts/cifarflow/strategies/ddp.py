@@ -109,12 +109,13 @@ def resolve(addr: str) -> str:
         raise StrategyError(f"cannot resolve master address {addr!r}: {exc}") from exc
 
 
-class DDPStrategy(Strategy):
-    name = "ddp"
+class MultiProcessStrategy(Strategy):
+    """Several processes started by `cifarflow launch` (config section `distributed`): how
+    they are planned and described. Who builds the process group is the subclass's choice
+    (DDPStrategy here; Lightning's Trainer)."""
     config_sections = ("distributed",)
     sweep_keys = {"world_size": ("ws", "distributed")}
     launched = True
-    gpu_per_rank = True  # two ranks on one GPU is a wrong request (mps shares on purpose)
 
     @classmethod
     def world_size(cls, sections):
@@ -131,6 +132,15 @@ class DDPStrategy(Strategy):
 
     def backend(self, cuda: bool) -> str:
         return self.cfg.backend if self.cfg.backend != "auto" else ("nccl" if cuda else "gloo")
+
+    def describe(self):
+        return {**super().describe(), "backend": self.backend_name,
+                "lr_scaling": self.cfg.lr_scaling, "effective_lr": self.cfg.effective_lr()}
+
+
+class DDPStrategy(MultiProcessStrategy):
+    name = "ddp"
+    gpu_per_rank = True  # two ranks on one GPU is a wrong request (mps shares on purpose)
 
     def pick_device(self, env: DistEnv) -> str:
         import torch
@@ -176,13 +186,8 @@ class DDPStrategy(Strategy):
                 raise StrategyError(f"ranks {shared} share one GPU: request one GPU per task "
                                     "(gres gpu:<tasks per node>)")
 
-    def wrap(self, model):
+    def distribute(self, model):
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        model = super().wrap(model)
         ids = [self.device] if str(self.device).startswith("cuda") else None
         return DDP(model, device_ids=ids)
-
-    def describe(self):
-        return {**super().describe(), "backend": self.backend_name,
-                "lr_scaling": self.cfg.lr_scaling, "effective_lr": self.cfg.effective_lr()}

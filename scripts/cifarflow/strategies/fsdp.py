@@ -8,15 +8,12 @@ class FSDPStrategy(DDPStrategy):
     name = "fsdp"
     channels_last_params = False  # inputs stay channels_last
 
-    def wrap(self, model):
-        import torch
+    def distribute(self, model):
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
         from ..models import shard_units
 
-        if self.cfg.compile:
-            model = torch.compile(model)
         # explicit mesh: with gloo on a machine that has CUDA the default mesh would pick CUDA
         mesh = init_device_mesh("cuda" if str(self.device).startswith("cuda") else "cpu",
                                 (self.world_size,))

@@ -12,15 +12,14 @@ from __future__ import annotations
 
 import os
 
-from .base import Strategy
-from .ddp import DDPStrategy, StrategyError
+from .ddp import MultiProcessStrategy, StrategyError
 
 
-class LightningStrategy(DDPStrategy):
+class LightningStrategy(MultiProcessStrategy):
+    """Lightning's Trainer builds the process group and wraps the model in DDP: the
+    strategy's own setup is the base one (threads, the CUDA check), its distribute none."""
     name = "lightning"
     self_spawning = True
-    setup = Strategy.setup  # threads and the CUDA check: Lightning owns the process group
-    wrap = Strategy.wrap    # compile only: Lightning wraps in DDP
 
     def adopt(self, trainer) -> None:
         """Rank, world and device as Lightning set them up."""

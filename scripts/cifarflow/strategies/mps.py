@@ -3,7 +3,7 @@
 The job runs under ``cifarflow mps-run``, which starts a private MPS control daemon and
 stops it afterwards. NCCL refuses several ranks on one GPU, so ranks talk over gloo."""
 
-from .base import Strategy, apply_cuda_switches, require_cuda
+from .base import apply_cuda_switches, require_cuda
 from .ddp import DDPStrategy
 
 
@@ -41,8 +41,3 @@ class MPSStrategy(DDPStrategy):
         apply_cuda_switches(self.cfg)
         torch.cuda.set_device(0)
         return "cuda:0"
-
-    def wrap(self, model):
-        from torch.nn.parallel import DistributedDataParallel as DDP
-
-        return DDP(Strategy.wrap(self, model), device_ids=[0])

@@ -1,0 +1,72 @@
+"""Requests that learn, on the test cluster (which enforces memory: jobacct_gather's
+OverMemoryKill, tests/slurm/cluster.sh; production clusters use cgroups, whose kill sets
+the job state OUT_OF_MEMORY, which cifarflow reads too): the next segment's sbatch line
+asks for what the last one used, and a segment killed for memory succeeds on a retry that
+asks for more."""
+
+import json
+import math
+import re
+
+import pytest
+
+from conftest import summary_rows
+from test_slurm import job_state, slurm, submitted
+
+pytestmark = pytest.mark.slurm
+DATA = "data: {source: synthetic, synthetic: {train_size: 3000, test_size: 200}}\n"
+
+
+def sbatch_calls(text: str, rule: str) -> dict:
+    """wildcards (<run>_<segment>) -> (--mem, --time) of each sbatch call of the rule."""
+    calls = {}
+    for line in text.splitlines():
+        found = re.search(rf"sbatch call: .*rule_{rule}_wildcards_(\S+?)['\" ]", line)
+        if found:
+            mem = re.search(r"--mem[ =](\d+)", line)
+            runtime = re.search(r"(?:-t|--time)[ =](\d+)", line)
+            calls.setdefault(found.group(1), []).append(
+                (int(mem.group(1)) if mem else None, int(runtime.group(1)) if runtime else None))
+    return calls
+
+
+def test_a_run_asking_far_more_than_it_uses_asks_less_for_its_next_segment(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("strategies: [cpu]\n" + DATA +
+                      "train: {epochs: 2, batch_size: 100, log_interval_s: 100}\n"
+                      "segments: {count: 2}\n"
+                      "resources: {cpus_per_task: 1, mem_mb: 6000, runtime: 20, autosize: true}\n")
+    out = slurm(tmp_path, configfile=config)
+    text = out.stdout + out.stderr
+    calls = sbatch_calls(text, "train_cpu")
+    meta = json.loads((tmp_path / "results/runs/cpu/segment-2/checkpoint.json").read_text())
+    first = next(t for t in meta["segment_runs"] if t["segment"] == "segment-1")
+    mem = max(256, 100 * math.ceil(max(first["peak_rss_mb_per_node"].values()) * 1.3 / 100))
+    minutes = math.ceil(max(first["wall_s"] * 1.3 / 0.8, first["wall_s"] * 1.3 + 60) / 60)
+    assert calls["cpu_1"] == [(6000, 20)]
+    assert calls["cpu_2"] == [(mem, minutes)] and mem < 6000 and minutes < 20
+    # the smaller request held (the cluster enforces memory)
+    assert [job_state(j) for j in submitted(text)["train_cpu"]] == ["COMPLETED"] * 2
+    row = summary_rows(tmp_path)["cpu"]
+    assert (row["status"], row["mem_requested_last_mb"]) == ("ok", str(mem))
+    assert row["try_ends"] == "completed 2"
+
+
+def test_a_segment_killed_for_memory_succeeds_on_its_retry_with_more(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("strategies: [cpu]\n" + DATA +
+                      "train: {epochs: 6, batch_size: 100, log_interval_s: 100}\n"
+                      "segments: {count: 1}\n"
+                      "resources: {cpus_per_task: 1, mem_mb: 400, runtime: 10, oom_factor: 4}\n")
+    out = slurm(tmp_path, configfile=config)  # profiles/slurm: retries 2
+    text = out.stdout + out.stderr
+    assert sbatch_calls(text, "train_cpu")["cpu_1"] == [(400, 10), (1600, 10)]
+    first, second = dict.fromkeys(submitted(text)["train_cpu"])  # in order, once each
+    # the step was killed, not the job: the job is FAILED and the step's log says why
+    assert (job_state(first), job_state(second)) == ("FAILED", "COMPLETED")
+    killed = (tmp_path / "results/logs/train/cpu/segment-1.attempt1.log").read_text()
+    assert re.search(r"exceeded memory limit \(\d+ > 419430400\), being killed", killed)
+    assert "cpu segment 1: 1 try ran out of memory: 1600 MB" in text
+    row = summary_rows(tmp_path)["cpu"]
+    assert (row["status"], row["try_ends"]) == ("ok", "completed 1, out of memory 1")
+    assert row["mem_requested_last_mb"] == "1600"
