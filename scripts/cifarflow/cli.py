@@ -42,7 +42,7 @@ def cmd_train(a) -> dict:
                         out_dir=Path(a.out), resume_dir=Path(a.resume) if a.resume else None,
                         work_dir=Path(a.work) if a.work else None, until_epoch=a.until_epoch,
                         budget_min=a.budget_min, start_time=START, attempt=a.attempt,
-                        mem_mb=a.mem_mb,
+                        mem_mb=a.mem_mb, stage=a.stage_data,
                         tensorboard_dir=Path(a.tensorboard) if a.tensorboard else None)
 
 
@@ -88,7 +88,7 @@ def cmd_train_pack(a) -> None:
     sys.exit(run_pack(a.pack, a.segment, a.members, results=a.results, data=a.data,
                       until_epoch=a.until_epoch, threads=a.threads, budget_min=a.budget_min,
                       mem_per_cpu=a.mem_per_cpu, gpus=a.gpus, slots=a.slots,
-                      record=Path(a.record)))
+                      record=Path(a.record), stage=a.stage_data))
 
 
 def cmd_record_env(a) -> None:
@@ -148,6 +148,8 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--attempt", type=int, default=1, help="Snakemake's attempt (retries)")
     t.add_argument("--mem-mb", type=int, default=None, help="memory the job asked for per node "
                    "(recorded next to what the segment used)")
+    t.add_argument("--stage-data", choices=["auto", "slurm_tmpdir", "none"], default="none",
+                   help="read a node-local copy of --data (config data.stage)")
     t.add_argument("--tensorboard", default=None, help="the run's TensorBoard directory "
                    "(rank 0 writes event files there); none: no event files")
     t.set_defaults(func=cmd_train)
@@ -165,6 +167,7 @@ def parser() -> argparse.ArgumentParser:
     k.add_argument("--gpus", type=int, default=0, help="GPUs per member (Slurm)")
     k.add_argument("--slots", type=int, default=1, help="cores of the job outside Slurm")
     k.add_argument("--record", required=True, help="the pack's record, written last")
+    k.add_argument("--stage-data", choices=["auto", "slurm_tmpdir", "none"], default="none")
     k.set_defaults(func=cmd_train_pack)
 
     r = sub.add_parser("record-env", help="write the software environment")

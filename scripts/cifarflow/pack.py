@@ -26,7 +26,7 @@ from .layout import RunPaths
 
 
 def member_argv(paths: RunPaths, k: int, data: str, until_epoch: int, threads: int,
-                budget_min: float, attempt: int, mem_mb: int) -> list[str]:
+                budget_min: float, attempt: int, mem_mb: int, stage: str = "none") -> list[str]:
     """The member's `cifarflow train`, exactly as an unpacked segment job runs it."""
     argv = [sys.executable, "-m", "cifarflow", "train", "--spec", paths.spec, "--data", data,
             "--out", paths.segment(k), "--work", paths.work, "--until-epoch", str(until_epoch),
@@ -34,7 +34,7 @@ def member_argv(paths: RunPaths, k: int, data: str, until_epoch: int, threads: i
     if k > 1:
         argv += ["--resume", paths.segment(k - 1)]
     return argv + ["--threads", str(threads), "--budget-min", str(budget_min),
-                   "--attempt", str(attempt), "--mem-mb", str(mem_mb)]
+                   "--attempt", str(attempt), "--mem-mb", str(mem_mb), "--stage-data", stage]
 
 
 def slurm_step(argv: list[str], run: str, cpus: int, mem_per_cpu: int, gpus: int) -> list[str]:
@@ -70,7 +70,7 @@ def already_trained(paths: RunPaths, k: int, until_epoch: int) -> dict | None:
 
 def run_pack(pack: str, k: int, members: list[str], results: str, data: str,
              until_epoch: int, threads: int, budget_min: float, mem_per_cpu: int,
-             gpus: int, slots: int, record: Path) -> int:
+             gpus: int, slots: int, record: Path, stage: str = "none") -> int:
     in_slurm = bool(os.environ.get("SLURM_JOB_ID"))
     slots = len(members) if in_slurm else max(1, slots // max(1, threads))
     print(f"[pack {pack}] segment {k}: {len(members)} member(s), "
@@ -89,7 +89,7 @@ def run_pack(pack: str, k: int, members: list[str], results: str, data: str,
                 continue
             attempt = next_attempt(paths, k)
             argv = member_argv(paths, k, data, until_epoch, threads, budget_min, attempt,
-                               mem_per_cpu * threads)
+                               mem_per_cpu * threads, stage)
             if in_slurm:
                 argv = slurm_step(argv, run, threads, mem_per_cpu, gpus)
             log = Path(paths.log(k))

@@ -72,6 +72,22 @@ def test_each_segment_job_spans_two_nodes(one_rank_per_node):
     assert re.search(r"sbatch call: sbatch .*--nodes=2 .*--ntasks=2", text)
 
 
+def test_every_node_of_a_job_trains_on_its_own_staged_copy(one_rank_per_node):
+    """data.stage auto: in every segment job, each node copies the split once into its own
+    node-local /localscratch (a tmpfs per node, cluster.sh), md5-verified, and its rank
+    reads it from there."""
+    work, text = one_rank_per_node
+    jobs = set(train_jobs(text))
+    for run in ("ddp", "fsdp", "lightning"):
+        for k in (1, 2):
+            log = (work / f"results/logs/train/{run}/segment-{k}.log").read_text()
+            staged = re.findall(r"\[data\] (n\d): staged 7 files \([\d.]+ MB\) of \S+ to "
+                                r"/localscratch/root\.(\d+)\.0/cifarflow-data/cifar-10-batches-py "
+                                r"in [\d.]+ s, md5 verified", log)
+            assert sorted(node for node, _ in staged) == NODES, (run, k, log[-2000:])
+            assert len({job for _, job in staged}) == 1 and staged[0][1] in jobs
+
+
 def test_metrics_record_the_host_of_every_rank(one_rank_per_node):
     work, _ = one_rank_per_node
     rows = {r["run"]: r for r in csv.DictReader(open(work / "results/summary.csv"))}

@@ -28,6 +28,10 @@ from cifarflow.tries import INVOCATION, out_of_memory_count  # noqa: E402
 if workflow.is_main_process:  # which tries of a segment are this run of the workflow's
     os.environ[INVOCATION] = f"{time.time():.0f}.{os.getpid()}"
 
+    from cifarflow.snakemake_fixes import keep_restarted_jobs_ready
+
+    keep_restarted_jobs_ready()  # retried segments are not lost when a checkpoint finishes
+
 from cifarflow.plan import build_packs, build_runs, check_user_models  # noqa: E402  (no torch)
 from cifarflow.chain import Chain  # noqa: E402
 from cifarflow.layout import RunPaths, pack_marker, segment_number  # noqa: E402
@@ -219,6 +223,8 @@ def train_params(wildcards):
         str(run.until_epoch(k)),
         "--tensorboard",
         f"{RESULTS}/tensorboard/{run.name}",
+        "--stage-data",
+        config["data"]["stage"],
     ]
     if k > 1:
         args += ["--resume", segment_dir(run.name, k - 1)]
@@ -330,6 +336,7 @@ def pack_params(wildcards):
         "results": RESULTS,
         "data": BATCHES,
         "until-epoch": first.until_epoch(k),
+        "stage-data": config["data"]["stage"],
         "gpus": first.strategy_class.gpus_per_node(first.config),
     }
     args = [f"--{key}={value}" for key, value in options.items()]

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from .. import checkpoint as ckpt
 from ..config import TrainConfig
 from ..loaders import Split, eval_batches
+from ..stage import stage_split
 from . import resume as resuming
 from .build import (build_batches, build_optimizer, build_placed_model, build_scheduler,
                     rng_state, seed_everything, set_rng_state)
@@ -48,6 +49,7 @@ class Segment:
                  resume_dir: Path | None = None, work_dir: Path | None = None,
                  until_epoch: int | None = None, budget_min: float | None = None,
                  start_time: float | None = None, attempt: int = 1, mem_mb: int | None = None,
+                 stage: str = "none",
                  tensorboard_dir: Path | None = None):
         self.cfg, self.strategy = cfg, strategy
         self.data_dir, self.out_dir = Path(data_dir), Path(out_dir)
@@ -57,6 +59,7 @@ class Segment:
         budgets = [b for b in (cfg.budget_s, (budget_min or 0) * 60) if b]
         self.budget_s = min(budgets) if budgets else None
         self.start_time, self.attempt = start_time or time.time(), attempt
+        self.stage = stage        # data.stage: where load_data reads the split from
         self.requested = {"requested_mem_mb": mem_mb, "requested_runtime_min": budget_min}
         self.checkpointer = strategy.checkpointer()
         self.progress = Progress()
@@ -76,6 +79,7 @@ class Segment:
     # ---- pieces a loop is built from
     def load_data(self) -> None:
         seed_everything(self.cfg.seed, self.cfg.deterministic, self.cfg.compile)
+        self.data_dir = stage_split(self.data_dir, self.stage)  # node-local where asked
         self.train_split = Split.load(self.data_dir, train=True)
         self.test_split = Split.load(self.data_dir, train=False)
 
