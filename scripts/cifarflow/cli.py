@@ -60,6 +60,13 @@ def train_recording_tries(args, user_errors: tuple) -> None:
         print(f"cifarflow train: error: {refused}", file=sys.stderr, flush=True)
         sys.exit(2)
     if tries.this_rank() == 0:
+        from .takeover import Superseded, take_over
+
+        try:  # never two tries training one run: an earlier workflow's job may live on
+            take_over(run_dir, run_dir.name, say=lambda line: print(line, flush=True))
+        except Superseded as exc:
+            print(f"cifarflow train: {exc}", file=sys.stderr, flush=True)
+            sys.exit(3)
         tries.record(run_dir, k, args.attempt, "start")
     try:
         result = args.func(args)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -42,7 +43,7 @@ def record(run_dir, segment: int, attempt: int, event: str, **fields) -> None:
     """Append one line (one write, so ranks' lines never interleave)."""
     entry = {"segment": segment, "attempt": attempt, "event": event, "rank": this_rank(),
              "job_id": job_id(), "invocation": os.environ.get(INVOCATION, ""),
-             "time": time.time(), **fields}
+             "host": socket.gethostname(), "pid": os.getpid(), "time": time.time(), **fields}
     path = Path(run_dir) / TRIES
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)

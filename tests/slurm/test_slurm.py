@@ -118,12 +118,13 @@ def start_slurm(workdir, *configfiles, args=()) -> subprocess.Popen:
                            configfile=list(configfiles))
 
 
-def start_long_segment(tmp_path, strategy="cpu"):
-    """A one-segment run through profiles/slurm; returns once its job runs and has
-    written an in-segment checkpoint: (snakemake process, job id)."""
+def start_long_segment(tmp_path, strategy="cpu", epochs=60):
+    """A one-segment run through profiles/slurm (its config: tmp_path/long.yaml over
+    CONFIG); returns once its job runs and has written an in-segment checkpoint:
+    (snakemake process, job id)."""
     long_run = tmp_path / "long.yaml"
-    long_run.write_text(f"strategies: [{strategy}]\nsegments: {{count: 1}}\n"
-                        "train: {epochs: 60, batch_size: 10, lr: 0.01, checkpoint_interval_s: 0.5}\n")
+    long_run.write_text(f"strategies: [{strategy}]\nsegments: {{count: 1}}\ntrain: {{epochs: "
+                        f"{epochs}, batch_size: 10, lr: 0.01, checkpoint_interval_s: 0.5}}\n")
     t0 = time.time()
     proc = start_slurm(tmp_path, CONFIG, long_run)
     work = tmp_path / f"results/runs/{strategy}/work/checkpoint.json"

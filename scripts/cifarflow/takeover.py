@@ -1,0 +1,112 @@
+"""The controller died, its jobs live on: never two tries training one run at once.
+
+When the login session running Snakemake is lost, its Slurm jobs keep training. The rerun
+(``snakemake --unlock``, then the same command) submits the unfinished segments again. Each
+new try, before it trains, looks in the run's ``tries.jsonl`` for a try of an earlier run
+of the workflow that never ended and whose Slurm job (or, outside Slurm, process on this
+host) is still alive: it cancels it, waits until it has ended (a cancelled segment
+checkpoints at its next batch, as on preemption), and then resumes from that checkpoint as
+any retry does. A try that finds a newer run of the workflow's try of the same run is the
+stale one: it ends at once without training. One log line says which. No torch."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+from .tries import INVOCATION, job_id, read
+
+WAIT_S = 600  # the longest a cancelled try may take to checkpoint and end
+
+
+class Superseded(RuntimeError):
+    """A newer run of the workflow trains this run: this try must not."""
+
+
+def started_at(invocation: str) -> float:
+    """When a run of the workflow started (its invocation is '<unix time>.<pid>')."""
+    try:
+        return float(invocation.split(".")[0])
+    except (ValueError, IndexError):
+        return 0.0
+
+
+def open_tries(run_dir) -> list[dict]:
+    """Starts without their end, newest last (rank 0 writes both)."""
+    ends = {(e.get("invocation"), e["segment"], e["attempt"], e.get("job_id"))
+            for e in read(run_dir) if e["event"] == "end"}
+    return [e for e in read(run_dir) if e["event"] == "start" and
+            (e.get("invocation"), e["segment"], e["attempt"], e.get("job_id")) not in ends]
+
+
+def slurm_job_alive(job: str) -> bool:
+    """Pending, running, suspended or completing (squeue lists no ended job by default)."""
+    try:
+        out = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True,
+                             text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return True  # unknown: assume alive, and let the cancel and the wait decide
+    return out.returncode == 0 and bool(out.stdout.strip())
+
+
+def process_alive(entry: dict) -> bool:
+    """A try outside Slurm: its process, on this host, still a `cifarflow train`."""
+    if entry.get("host") != socket.gethostname() or not entry.get("pid"):
+        return False
+    try:
+        argv = Path(f"/proc/{entry['pid']}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return b"train" in argv and any(b"cifarflow" in a for a in argv)
+
+
+def alive(entry: dict) -> bool:
+    return slurm_job_alive(entry["job_id"]) if entry.get("job_id") else process_alive(entry)
+
+
+def cancel(entry: dict) -> None:
+    if entry.get("job_id"):
+        subprocess.run(["scancel", entry["job_id"]], capture_output=True, timeout=30)
+    else:
+        os.kill(entry["pid"], signal.SIGTERM)
+
+
+def describe(entry: dict) -> str:
+    return (f"Slurm job {entry['job_id']}" if entry.get("job_id") else
+            f"process {entry.get('pid')} on {entry.get('host')}")
+
+
+def take_over(run_dir, run: str, say=print, is_alive=alive, stop=cancel, wait_s=WAIT_S,
+              poll_s=1.0, environ=os.environ) -> None:
+    """Before a try of ``run`` trains (rank 0): cancel an earlier run of the workflow's try
+    that still trains it and wait for its end; raise Superseded where a newer one does."""
+    mine = environ.get(INVOCATION, "")
+    if not mine:
+        return  # not started by the workflow (a test, a hand-made command)
+    newer = [e for e in read(run_dir) if started_at(e.get("invocation", "")) > started_at(mine)]
+    if newer:  # this try was queued by a controller that died, and the run went on without it
+        raise Superseded(f"{run} is trained by a newer run of the workflow ({describe(newer[-1])}, "
+                         f"segment {newer[-1]['segment']}): this try of an earlier one does not train")
+    me = job_id()
+    for entry in reversed(open_tries(run_dir)):
+        theirs = entry.get("invocation", "")
+        if not theirs or theirs == mine or (me and entry.get("job_id") == me):
+            continue  # this run of the workflow's own tries (a requeue of this very job)
+        who = describe(entry)
+        if not is_alive(entry):
+            continue  # it died with its controller, or ended: its checkpoint is there
+        say(f"[takeover] {run}: {who} (segment {entry['segment']}, attempt "
+            f"{entry['attempt']}, of an earlier run of the workflow) still trains it: "
+            "cancelling it, then resuming from its checkpoint")
+        stop(entry)
+        t0 = time.monotonic()
+        while is_alive(entry):
+            if time.monotonic() - t0 > wait_s:
+                raise Superseded(f"{who} did not end within {wait_s} s of its cancel: not "
+                                 f"training {run} beside it")
+            time.sleep(poll_s)
+        say(f"[takeover] {run}: {who} ended after {time.monotonic() - t0:.1f} s")
