@@ -42,10 +42,10 @@ lint: $(DEV_STAMP)  ## snakefmt, and snakemake --lint but its one accepted findi
 
 test: lint debian-packages  ## the whole suite (starts the test Slurm cluster: this host plus two namespaced nodes)
 	bash tests/slurm/cluster.sh start
-	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest -v tests
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest -v --durations=25 tests
 
-test-fast: $(DEV_STAMP)  ## the edit-test loop: tests/unit and tests/integration, no Slurm
-	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest -q tests/unit tests/integration
+test-fast: $(DEV_STAMP)  ## the edit-test loop (< 10 min): tests/unit and tests/integration, no Slurm, no `slow`
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest -q -m "not slow" tests/unit tests/integration
 
 bench: $(STAMP)
 	$(PY) bench/bench.py

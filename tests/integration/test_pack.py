@@ -5,10 +5,13 @@ import os
 import signal
 import time
 
+import pytest
+
 from conftest import (assert_bit_identical, final_states, process_tree, start_snakemake,
                       summary_rows, sweep_config, training_spec)
 
 
+@pytest.mark.slow  # with the 16-run unpacked sweep it is compared to: 70 s
 def test_local_pack_equals_unpacked_and_retries_only_the_killed_member(tmp_path,
                                                                       unpacked_sweep):
     """4 runs in 2 packs of 2 under `snakemake --cores 2 --retries 1`; one member is

@@ -212,6 +212,7 @@ def test_report_renders_in_chromium(sweep_run, tmp_path):
         assert name in dom, name
 
 
+@pytest.mark.slow
 def test_sigkill_mid_segment_resumes_from_the_last_in_segment_checkpoint(tmp_path):
     cfg = CONFIGS / "kill" / "config.yaml"
     killed, clean = tmp_path / "killed", tmp_path / "clean"
@@ -275,6 +276,7 @@ def test_alliance_environment_prologue(tmp_path):
                      r"--find-links /wheels && source", train), train
 
 
+@pytest.mark.slow
 def test_a_failed_attempt_is_retried_resumes_and_keeps_its_log(tmp_path):
     """The training process dies mid-segment (OOM killer, node trouble); with --retries the
     next attempt resumes from the in-segment checkpoint, the first attempt's log is kept,
