@@ -4,7 +4,9 @@ and node-local /localscratch. Everything goes through --profile profiles/slurm."
 
 import csv
 import json
+import os
 import re
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -176,13 +178,29 @@ def test_node_failure_reruns_the_segment_on_the_other_node_and_resumes_exactly(t
     work = tmp_path / "results/runs/ddp/work/checkpoint.json"
     t0, node = time.time(), None
     try:
-        while time.time() - t0 < 300 and not work.exists():
-            time.sleep(0.5)
+        ranks = []
+        while time.time() - t0 < 300 and len(ranks) < 2:
+            running = subprocess.run(["squeue", "-h", "-p", "multi", "-t", "R", "-o", "%i %N"],
+                                     capture_output=True, text=True).stdout.splitlines()
+            for jobid, node in (line.split() for line in running):  # the env job may run too
+                ranks = training_processes(jobid)
+                if len(ranks) == 2:
+                    break
+            time.sleep(0.05)
+        assert len(ranks) == 2, "the segment's ranks never ran"
+        # frozen from the start, the ranks go on in short steps until the in-segment
+        # checkpoint exists: it exists, and the segment has not ended, however fast the
+        # machine trains; nothing moves on then until the node is gone
+        while time.time() - t0 < 600 and not work.exists():
+            for pid in ranks:
+                os.kill(pid, signal.SIGSTOP)
+            time.sleep(0.6)  # longer than checkpoint_interval_s: the next batch saves
+            for pid in ranks:
+                os.kill(pid, signal.SIGCONT)
+            time.sleep(0.05)
+        for pid in ranks:
+            os.kill(pid, signal.SIGSTOP)
         assert work.exists(), "the segment wrote no in-segment checkpoint"
-        jobid, node = subprocess.run(["squeue", "-h", "-p", "multi", "-t", "R", "-o", "%i %N"],
-                                     capture_output=True, text=True).stdout.split()
-        for pid in training_processes(jobid):  # nothing moves on until the node is gone
-            subprocess.run(["kill", "-STOP", str(pid)])
         assert node in NODES, node
         subprocess.run(["bash", str(CLUSTER), "kill-node", node], check=True)
         output = proc.communicate(timeout=900)[0]
