@@ -72,19 +72,18 @@ def stage_into(batches: Path, root: Path, say=print) -> Path:
             return target
         t0 = time.perf_counter()
         shutil.rmtree(target, ignore_errors=True)
-        (target / STAGED).unlink(missing_ok=True)
         target.mkdir(parents=True)
-        size = 0
+        sizes = {}
         for name, entry in manifest["files"].items():
             shutil.copyfile(batches / name, target / name)
             if md5sum(target / name) != entry["md5"]:
                 raise DatasetError(f"{target / name}: md5 differs from {batches / MANIFEST} "
                                    "after the copy to node-local disk (the source changed or "
                                    "the copy is damaged); rerun extract_dataset")
-            size += (target / name).stat().st_size
+            sizes[name] = (target / name).stat().st_size
         shutil.copyfile(batches / MANIFEST, target / MANIFEST)
-        sizes = {name: (target / name).stat().st_size for name in manifest["files"]}
         (target / STAGED).write_text(json.dumps({"split": identity, "sizes": sizes}))
+        size = sum(sizes.values())
         say(f"[data] {socket.gethostname()}: staged {len(sizes)} files ({size / 2**20:.1f} MB) "
             f"of {batches} to {target} in {time.perf_counter() - t0:.2f} s, md5 verified")
     return target

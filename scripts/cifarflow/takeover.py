@@ -35,11 +35,11 @@ def started_at(invocation: str) -> float:
         return 0.0
 
 
-def open_tries(run_dir) -> list[dict]:
+def open_tries(entries: list[dict]) -> list[dict]:
     """Starts without their end, newest last (rank 0 writes both)."""
     ends = {(e.get("invocation"), e["segment"], e["attempt"], e.get("job_id"))
-            for e in read(run_dir) if e["event"] == "end"}
-    return [e for e in read(run_dir) if e["event"] == "start" and
+            for e in entries if e["event"] == "end"}
+    return [e for e in entries if e["event"] == "start" and
             (e.get("invocation"), e["segment"], e["attempt"], e.get("job_id")) not in ends]
 
 
@@ -87,12 +87,13 @@ def take_over(run_dir, run: str, say=print, is_alive=alive, stop=cancel, wait_s=
     mine = environ.get(INVOCATION, "")
     if not mine:
         return  # not started by the workflow (a test, a hand-made command)
-    newer = [e for e in read(run_dir) if started_at(e.get("invocation", "")) > started_at(mine)]
+    entries = read(run_dir)  # the run's tries.jsonl, once
+    newer = [e for e in entries if started_at(e.get("invocation", "")) > started_at(mine)]
     if newer:  # this try was queued by a controller that died, and the run went on without it
         raise Superseded(f"{run} is trained by a newer run of the workflow ({describe(newer[-1])}, "
                          f"segment {newer[-1]['segment']}): this try of an earlier one does not train")
     me = job_id()
-    for entry in reversed(open_tries(run_dir)):
+    for entry in reversed(open_tries(entries)):
         theirs = entry.get("invocation", "")
         if not theirs or theirs == mine or (me and entry.get("job_id") == me):
             continue  # this run of the workflow's own tries (a requeue of this very job)

@@ -24,7 +24,7 @@ def clean_env(monkeypatch):
 def test_a_live_try_of_an_earlier_run_is_cancelled_and_waited_for(tmp_path, monkeypatch):
     start(tmp_path, monkeypatch, "1000.1", "11", segment=1, end="completed")
     start(tmp_path, monkeypatch, "1000.1", "12", segment=2)            # its controller died
-    assert [e["job_id"] for e in open_tries(tmp_path)] == ["12"]
+    assert [e["job_id"] for e in open_tries(tries.read(tmp_path))] == ["12"]
     monkeypatch.setenv(tries.INVOCATION, "2000.7")                     # the rerun, in job 20
     monkeypatch.setenv("SLURM_JOB_ID", "20")
     polls, cancelled, said = iter([True, True, True, False]), [], []
