@@ -6,18 +6,21 @@ import json
 from collections import Counter
 from pathlib import Path
 
+from .early_stop import EarlyStop, hint_for
 from .tries import tries_of
 
 COLUMNS = ["run", "strategy", "device", "model", "batch_size", "world_size", "cpus_per_task",
            "epochs",
            "images_per_sec", "images_per_sec_per_core", "train_loss", "test_acc", "wall_s",
            "epoch_s", "peak_mem_mb", "gpu_util_pct", "segments", "attempts", "requeues",
-           "early_stops", "slurm_job_ids", "hosts", "status", "pruned_at", "resized",
+           "early_stops", "slurm_job_ids", "hosts", "status", "early_stop", "plateau",
+           "pruned_at", "resized",
            "fallbacks", "cpu_efficiency", "mem_used_mb", "mem_requested_mb", "runtime_used_min",
            "runtime_requested_min", "mem_requested_last_mb", "runtime_requested_last_min",
            "queue_wait_s", "last_ended", "try_ends"]
 MARGIN = 1.25  # what to request next time: the measured peak plus a quarter
 MAX_BARS, MAX_LEGEND = 50, 20  # plots of big sweeps stay readable
+FINISHED = ("ok", "early_stopped")  # runs that trained to their end (early_stop's included)
 
 
 def load_history(path: Path) -> list[dict]:
@@ -55,6 +58,11 @@ def summarize_run(name: str, run: dict) -> dict:
     if not history:
         return {**row, "status": "empty"}
     last = history[-1]
+    row["early_stop"] = meta.get("early_stop", "")
+    if spec.get("early_stop"):
+        stopping = EarlyStop.of(spec["early_stop"], spec["model"])
+        flat = stopping.loss_plateau(history)
+        row["plateau"] = flat.describe() if flat else ""
     timed = history[1:] or history  # epoch 1 includes warm-up
     ips = sum(h["images_per_sec"] for h in timed) / len(timed)
     cores = (res.get("cpus_per_task") or 1) * row["world_size"]
@@ -70,7 +78,8 @@ def summarize_run(name: str, run: dict) -> dict:
             "segments": run.get("segments"), "slurm_job_ids": " ".join(jobs),
             "hosts": " ".join(hosts),
             "status": ("pruned" if run.get("pruned_at") else
-                       "ok" if last["epoch"] >= spec["epochs"] else "incomplete"),
+                       "ok" if last["epoch"] >= spec["epochs"] else
+                       "early_stopped" if row["early_stop"] else "incomplete"),
             "pruned_at": run.get("pruned_at"), "cores": cores}
 
 
@@ -125,7 +134,7 @@ def request_advice(df) -> list[str]:
 
 def advice(df) -> list[str]:
     """Recommendations in the seed's spirit, computed from the measurements."""
-    ok = df[df.status == "ok"]
+    ok = df[df.status.isin(FINISHED)]
     tips = []
     if ok.empty:
         return ["no finished runs to advise on"]
@@ -152,8 +161,25 @@ def advice(df) -> list[str]:
                         "share it with MPS replicas or use a CPU job")
     tips += request_advice(df)
     tips += pruning_advice(df)
-    for row in df[~df.status.isin(["ok", "pruned"])].itertuples():
+    tips += plateau_advice(df)
+    for row in df[~df.status.isin([*FINISHED, "pruned"])].itertuples():
         tips.append(f"{row.run}: {row.status} (see results/logs/train/{row.run}/)")
+    return tips
+
+
+def plateau_advice(df) -> list[str]:
+    """Runs whose loss stopped moving (train.early_stop's patience, on or off), with the
+    reason a known model does so and what to try; runs early_stop ended."""
+    tips = []
+    for row in df.itertuples():
+        if isinstance(getattr(row, "plateau", None), str) and row.plateau:
+            stopped = (f", ended by train.early_stop at epoch {row.epochs} of "
+                       f"{row.epochs_planned}" if row.status == "early_stopped" else "")
+            tips.append(f"{row.run}: stopped learning: {row.plateau}{stopped}. "
+                        f"{hint_for(row.model)}")
+        elif row.status == "early_stopped":
+            tips.append(f"{row.run}: {row.early_stop}, at epoch {row.epochs} of "
+                        f"{row.epochs_planned}")
     return tips
 
 
@@ -162,7 +188,7 @@ def pruning_advice(df) -> list[str]:
     (the pruned runs' remaining epochs at their own measured epoch time)."""
     tips = []
     for strategy, group in df.groupby("strategy"):
-        pruned, finished = group[group.status == "pruned"], group[group.status == "ok"]
+        pruned, finished = group[group.status == "pruned"], group[group.status.isin(FINISHED)]
         if pruned.empty:
             continue
         left = pruned.epochs_planned - pruned.epochs
@@ -183,7 +209,7 @@ def scaling_table(df):
     import pandas as pd
 
     rows = []
-    ok = df[df.status == "ok"]
+    ok = df[df.status.isin(FINISHED)]
     for strategy, group in ok.groupby("strategy"):
         g = group.sort_values("world_size")
         if g.world_size.nunique() < 2:
@@ -222,7 +248,7 @@ def plot_all(df, histories: dict, out_dir: Path) -> dict:
     import matplotlib.pyplot as plt
 
     paths = {}
-    shown = df[df.status.isin(["ok", "pruned"])]
+    shown = df[df.status.isin([*FINISHED, "pruned"])]
     if len(shown) > MAX_BARS:  # a big sweep: its best runs, readable
         shown = shown.sort_values(["test_acc", "run"], ascending=[False, True]).head(MAX_BARS)
     shown = shown.iloc[::-1]  # first run at the top
@@ -231,7 +257,7 @@ def plot_all(df, histories: dict, out_dir: Path) -> dict:
     hatch = ["//" if s == "pruned" else "" for s in shown.status]
     a1.barh(shown.run, shown.images_per_sec, color="tab:blue", hatch=hatch, edgecolor="white")
     a1.set_xlabel("training images / s")
-    a1.set_title("throughput" if len(shown) == (df.status.isin(["ok", "pruned"])).sum()
+    a1.set_title("throughput" if len(shown) == (df.status.isin([*FINISHED, "pruned"])).sum()
                  else f"throughput, the {len(shown)} most accurate runs")
     a2.barh(shown.run, shown.test_acc, color="tab:green", hatch=hatch, edgecolor="white")
     a2.set_xlabel("test accuracy (hatched: pruned)" if "pruned" in set(shown.status)
@@ -318,7 +344,7 @@ def aggregate(runs: dict, out_dir: Path, plots_dir: Path, keep_missing: bool = F
     out_dir.mkdir(parents=True, exist_ok=True)
     plots_dir.mkdir(parents=True, exist_ok=True)
     rows = [summarize_run(name, run) for name, run in runs.items()]
-    bad = [r["run"] for r in rows if r["status"] not in ("ok", "pruned")]
+    bad = [r["run"] for r in rows if r["status"] not in (*FINISHED, "pruned")]
     if bad and not keep_missing:
         raise ValueError(f"runs without complete metrics: {bad} (use --keep-going to "
                          "summarise what finished)")
@@ -327,7 +353,7 @@ def aggregate(runs: dict, out_dir: Path, plots_dir: Path, keep_missing: bool = F
     df = df.reindex(columns=COLUMNS + extra)
     df.to_csv(out_dir / "summary.csv", index=False, float_format="%.6g")
     histories = {r["run"]: load_history(runs[r["run"]]["metrics"])
-                 for r in rows if r["status"] in ("ok", "incomplete", "pruned")}
+                 for r in rows if r["status"] in (*FINISHED, "incomplete", "pruned")}
     plot_all(df, histories, plots_dir)
     tips = advice(df)
     scaling = scaling_table(df)
