@@ -109,7 +109,7 @@ def cmd_aggregate(a) -> None:
 
     runs = json.loads(Path(a.runs).read_text())
     aggregate(runs, Path(a.out_dir), Path(a.plots_dir or Path(a.out_dir) / "plots"),
-              keep_missing=a.keep_missing)
+              keep_missing=a.keep_missing, environment=Path(a.env) if a.env else None)
 
 
 def cmd_mps_run(a) -> None:
@@ -193,6 +193,8 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--out-dir", required=True)
     g.add_argument("--plots-dir", default=None)
     g.add_argument("--keep-missing", action="store_true")
+    g.add_argument("--env", default=None, help="environment.json (record-env): the CPU's "
+                   "features, for the bf16 advice")
     g.set_defaults(func=cmd_aggregate)
 
     sub.add_parser("launch", help="start N ranks with srun (Slurm) or torchrun: "
