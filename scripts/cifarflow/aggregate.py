@@ -10,7 +10,7 @@ from .early_stop import EarlyStop, hint_for
 from .tries import tries_of
 
 COLUMNS = ["run", "strategy", "device", "model", "batch_size", "world_size", "cpus_per_task",
-           "epochs",
+           "epochs", "amp",
            "images_per_sec", "images_per_sec_per_core", "train_loss", "test_acc", "wall_s",
            "epoch_s", "peak_mem_mb", "gpu_util_pct", "segments", "attempts", "requeues",
            "early_stops", "slurm_job_ids", "hosts", "status", "early_stop", "plateau",
@@ -69,7 +69,8 @@ def summarize_run(name: str, run: dict) -> dict:
     util = [h["gpu_util_pct"] for h in history if h.get("gpu_util_pct") is not None]
     jobs = sorted({h.get("slurm_job_id") for h in history if h.get("slurm_job_id")})
     hosts = sorted({host for h in history for host in h.get("hosts", [])})
-    return {**row, "epochs": last["epoch"], "images_per_sec": ips,
+    return {**row, "epochs": last["epoch"], "amp": last.get("amp", spec.get("amp")),
+            "images_per_sec": ips,
             "images_per_sec_per_core": ips / cores, "train_loss": last["train_loss"],
             "test_acc": last["test_acc"], "wall_s": sum(h["wall_s"] for h in history),
             "epoch_s": sum(h["wall_s"] for h in timed) / len(timed),
@@ -132,8 +133,45 @@ def request_advice(df) -> list[str]:
     return tips
 
 
-def advice(df) -> list[str]:
-    """Recommendations in the seed's spirit, computed from the measurements."""
+# CPU bf16 measured with `bench/bench.py --amp-only` (bench/README.md, "CPU bf16"): the CPU
+# model it ran on -> (model, batch size, threads, images/s amp none, images/s amp bf16).
+# Empty: the one measurement so far ran on a contended box (bench/README.md); only an
+# uncontended figure belongs here. Until then the advice uses a bf16 run of the sweep.
+BF16_BENCH: dict[str, tuple] = {}
+
+
+def bf16_advice(df, cpu: dict | None) -> list[str]:
+    """Runs in float32 on a CPU that computes bf16 natively (AMX, AVX512-BF16): how much
+    faster bf16 was, measured by a run of this sweep that used it (same strategy, model,
+    batch and cores), else by bench/ on this CPU model; nothing unmeasured is promised."""
+    if not cpu or not cpu.get("bf16_native") or "amp" not in df:
+        return []
+    ok = df[df.status.isin(FINISHED) & (df.device == "cpu")]
+    same = ["strategy", "model", "batch_size", "cpus_per_task"]
+    tips = []
+    for row in ok[ok.amp == "none"].itertuples():
+        twin = ok[(ok.amp == "bf16") & (ok[same] == [getattr(row, k) for k in same]).all(axis=1)]
+        native = "/".join(f for f in cpu.get("flags", []) if f in ("amx_bf16", "avx512_bf16"))
+        if not twin.empty:
+            gain = twin.images_per_sec.max() / row.images_per_sec
+            if gain > 1.05:
+                tips.append(f"{row.run}: this CPU computes bf16 natively ({native}); "
+                            f"{twin.loc[twin.images_per_sec.idxmax()].run} with amp bf16 trained "
+                            f"x{gain:.2f} faster here: set train.amp: bf16 (or auto)")
+            continue
+        bench = BF16_BENCH.get(cpu.get("model"))
+        if bench and bench[0] == row.model:
+            model, batch, threads, none_ips, bf16_ips = bench
+            tips.append(f"{row.run}: this CPU ({cpu['model']}) computes bf16 natively ({native}); "
+                        f"bench/ measured {model} batch {batch} on {threads} threads x"
+                        f"{bf16_ips / none_ips:.2f} faster with amp bf16 ({none_ips:,.0f} -> "
+                        f"{bf16_ips:,.0f} images/s): try train.amp: bf16 (or auto)")
+    return tips
+
+
+def advice(df, cpu_info: dict | None = None) -> list[str]:
+    """Recommendations in the seed's spirit, computed from the measurements; ``cpu_info``:
+    the environment's CPU features (environment.cpu_features)."""
     ok = df[df.status.isin(FINISHED)]
     tips = []
     if ok.empty:
@@ -159,6 +197,7 @@ def advice(df) -> list[str]:
         if row.gpu_util_pct is not None and row.gpu_util_pct < 50:
             tips.append(f"{row.run} uses the GPU only {row.gpu_util_pct:.0f}% of the time: "
                         "share it with MPS replicas or use a CPU job")
+    tips += bf16_advice(df, cpu_info)
     tips += request_advice(df)
     tips += pruning_advice(df)
     tips += plateau_advice(df)
@@ -338,7 +377,8 @@ def plot_all(df, histories: dict, out_dir: Path) -> dict:
     return paths
 
 
-def aggregate(runs: dict, out_dir: Path, plots_dir: Path, keep_missing: bool = False) -> None:
+def aggregate(runs: dict, out_dir: Path, plots_dir: Path, keep_missing: bool = False,
+              environment: Path | None = None) -> None:
     import pandas as pd
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -355,7 +395,8 @@ def aggregate(runs: dict, out_dir: Path, plots_dir: Path, keep_missing: bool = F
     histories = {r["run"]: load_history(runs[r["run"]]["metrics"])
                  for r in rows if r["status"] in (*FINISHED, "incomplete", "pruned")}
     plot_all(df, histories, plots_dir)
-    tips = advice(df)
+    env = json.loads(environment.read_text()) if environment and environment.is_file() else {}
+    tips = advice(df, env.get("cpu"))
     scaling = scaling_table(df)
     lines = ["# Advice", ""] + [f"- {t}" for t in tips]
     if not scaling.empty:

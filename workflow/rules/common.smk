@@ -34,6 +34,7 @@ if workflow.is_main_process:  # which tries of a segment are this run of the wor
 
 from cifarflow.plan import build_packs, build_runs, check_user_models  # noqa: E402  (no torch)
 from cifarflow.chain import Chain  # noqa: E402
+from cifarflow.config import data_identity  # noqa: E402
 from cifarflow.pending import PendingWatch  # noqa: E402
 from cifarflow.layout import RunPaths, pack_marker, segment_number  # noqa: E402
 from cifarflow.limits import (
@@ -150,6 +151,7 @@ def fetch_args():
     """fetch-data's options from config.data, the synthetic generator's included."""
     data = config["data"]
     args = ["--url", data["url"], "--md5", data["md5"], "--archive", data["archive"] or ""]
+    args += ["--data-id", data_identity(data)]
     args += [f"--{key.replace('_', '-')}={value}" for key, value in data["synthetic"].items()]
     return shlex.join(args)
 

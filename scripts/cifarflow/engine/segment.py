@@ -291,7 +291,7 @@ class Segment:
                "wall_s": p.train_s, "eval_s": time.perf_counter() - t_eval,
                "lr": self.scheduler.get_last_lr()[0], "world_size": s.world_size,
                "peak_mem_mb": peak_memory_mb(s.device), "gpu_util_pct": gpu["gpu_util_pct"],
-               "gpu_mem_mb": gpu["gpu_mem_mb"],
+               "gpu_mem_mb": gpu["gpu_mem_mb"], "amp": s.amp,
                "slurm_job_id": os.environ.get("SLURM_JOB_ID", ""), "hosts": self.hosts}
         p.history.append(rec)
         p.next_epoch()
