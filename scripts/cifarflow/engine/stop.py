@@ -8,7 +8,7 @@ import time
 
 import torch
 
-from .. import stop_signals
+from .. import slurm, stop_signals
 
 
 def slurm_end_time() -> float | None:
@@ -16,17 +16,7 @@ def slurm_end_time() -> float | None:
     if os.environ.get("SLURM_JOB_END_TIME", "").isdigit():
         return float(os.environ["SLURM_JOB_END_TIME"])
     job = os.environ.get("SLURM_JOB_ID")
-    if not job:
-        return None
-    import subprocess
-    from datetime import datetime
-
-    try:
-        out = subprocess.run(["squeue", "-h", "-j", job, "-o", "%e"], capture_output=True,
-                             text=True, timeout=10).stdout.strip()
-        return datetime.fromisoformat(out).timestamp()
-    except (OSError, ValueError, subprocess.TimeoutExpired):
-        return None
+    return slurm.job_end_time(job) if job else None
 
 
 class StopController:

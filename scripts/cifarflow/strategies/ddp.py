@@ -11,9 +11,9 @@ from __future__ import annotations
 import os
 import re
 import socket
-import subprocess
 from dataclasses import dataclass
 
+from ..slurm import first_hostname
 from .base import Strategy, StrategyError, apply_cuda_switches, require_cuda
 
 
@@ -46,13 +46,9 @@ def shared_gpus(gpus: list) -> list[int]:
 
 def first_host(nodelist: str) -> str:
     """First host of a Slurm hostlist such as ``cn[0012-0014,0020],gpu7``."""
-    try:
-        out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True,
-                             text=True, timeout=10)
-        if out.returncode == 0 and out.stdout.split():
-            return out.stdout.split()[0]
-    except (OSError, subprocess.TimeoutExpired):
-        pass
+    host = first_hostname(nodelist)
+    if host:
+        return host
     m = re.match(r"([^,\[]+)(?:\[([^\]]+)\])?", nodelist.strip())
     if not m:
         raise StrategyError(f"cannot parse SLURM_JOB_NODELIST {nodelist!r}")
