@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from . import slurm
+from .files import read_jsonl
 
 TRIES = "tries.jsonl"
 INVOCATION = "CIFARFLOW_INVOCATION"  # set by the workflow's main process, inherited by jobs
@@ -55,16 +56,9 @@ def record(run_dir, segment: int, attempt: int, event: str, **fields) -> None:
 
 
 def read(run_dir) -> list[dict]:
+    """The run's entries (a line cut by a kill mid-write is dropped: files.read_jsonl)."""
     path = Path(run_dir) / TRIES
-    if not path.is_file():
-        return []
-    entries = []
-    for line in path.read_text().splitlines():
-        try:
-            entries.append(json.loads(line))
-        except ValueError:
-            continue  # a line cut by a kill mid-write: the others still count
-    return entries
+    return read_jsonl(path) if path.is_file() else []
 
 
 # what Slurm writes into a step's output when it kills it for memory: the cgroup's OOM

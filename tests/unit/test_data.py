@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from cifarflow import data
+from cifarflow.files import file_digest
 from cifarflow.loaders import Split, TensorBatches, TorchvisionBatches, shard, epoch_order
 
 
@@ -49,14 +50,14 @@ def test_truncated_archive_is_a_clear_error(tmp_path):
     cut = tmp_path / "cut.tar.gz"
     cut.write_bytes(archive.read_bytes()[: archive.stat().st_size // 2])
     with pytest.raises(data.DatasetError, match="md5 mismatch"):
-        data.verify_archive(cut, data.md5sum(archive))
+        data.verify_archive(cut, file_digest(archive, "md5"))
     with pytest.raises(data.DatasetError, match="truncated or corrupt"):
         data.extract_archive(cut, tmp_path / "out")
 
 
 def test_archive_source_verifies_and_links(tmp_path):
     src = data.prepare_archive("synthetic", tmp_path / "a", synthetic={"train_size": 50, "test_size": 10})
-    md5 = data.md5sum(src)
+    md5 = file_digest(src, "md5")
     linked = data.prepare_archive("archive", tmp_path / "b", archive=str(src), md5=md5)
     assert linked.resolve() == src.resolve()
     with pytest.raises(data.DatasetError, match="md5 mismatch"):
