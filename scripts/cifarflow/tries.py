@@ -17,6 +17,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from .layout import attempt_logs_pattern
+
 TRIES = "tries.jsonl"
 INVOCATION = "CIFARFLOW_INVOCATION"  # set by the workflow's main process, inherited by jobs
 USER_ERROR = "error"                 # how a try that ended with an error to fix is recorded
@@ -92,7 +94,7 @@ def killed_for_memory(logs_dir, segment: int, attempt: int) -> bool:
     killed it for memory, where the job's state does not (the step's, not the job's)."""
     if not logs_dir:
         return False
-    for log in Path(logs_dir).glob(f"segment-{segment}.attempt{attempt}.*log"):
+    for log in Path(logs_dir).glob(attempt_logs_pattern(f"segment-{segment}", attempt)):
         try:
             with open(log, "rb") as f:
                 f.seek(max(0, log.stat().st_size - 20000))
