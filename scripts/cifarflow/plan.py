@@ -52,6 +52,7 @@ class Pack:
     members: list                # run names, in plan order
     member_resources: dict       # the request of one member (what each run asks alone)
     segment_epochs: list
+    kind: str = "steps"          # how its job trains the members (workflow.PACK_KINDS)
 
 
 @dataclass
