@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import PY, ROOT, assert_bit_identical, cli, metrics_of, state_of
+from conftest import slurm_job_prefix, slurm_jobs
 from test_slurm import CONFIG, job_state, slurm, start_slurm, submitted, training_processes
 
 pytestmark = pytest.mark.slurm
@@ -180,11 +181,10 @@ def test_node_failure_reruns_the_segment_on_the_other_node_and_resumes_exactly(t
     try:
         ranks = []
         while time.time() - t0 < 300 and len(ranks) < 2:
-            running = subprocess.run(["squeue", "-h", "-p", "multi", "-t", "R", "-o", "%i %N"],
-                                     capture_output=True, text=True).stdout.splitlines()
-            for jobid, node in (line.split() for line in running):  # the env job may run too
+            for jobid in slurm_jobs(slurm_job_prefix(tmp_path), "R"):  # the env job may run too
                 ranks = training_processes(jobid)
                 if len(ranks) == 2:
+                    node = job_nodes(jobid)[1]
                     break
             time.sleep(0.05)
         assert len(ranks) == 2, "the segment's ranks never ran"
