@@ -73,6 +73,17 @@ def test_time_budget_stops_mid_epoch_and_resumes_exactly(cifar_dir, reference, t
     assert same_metrics(metrics_of(reference), metrics_of(tmp_path / "segment-2"))
 
 
+def test_the_rule_runtime_is_the_budget_when_the_spec_sets_none(cifar_dir, tmp_path):
+    """--budget-min (the rule's runtime) budgets a spec with budget_s 0: already spent at
+    the start (0.0002 min, margin 0), the segment stops after its first batch."""
+    out = train(cifar_dir, tmp_path / "segment-1", spec_kw={**SPEC, "margin_s": 0},
+                budget_min=0.0002)
+    assert "stopping at epoch 1 batch 1: time budget" in out.stdout
+    m = ckpt.read_manifest(tmp_path / "segment-1")
+    assert (m["epoch"], m["step"], m["done"]) == (0, 1, False)
+    assert m["segment_runs"][-1]["requested_runtime_min"] == 0.0002
+
+
 def test_sigusr2_checkpoints_at_next_batch_and_exits_cleanly(cifar_dir, reference, tmp_path):
     first = tmp_path / "segment-1"
     args = [PY, "-m", "cifarflow", "train", "--spec", str(spec(**{**SPEC, "batch_size": 20,

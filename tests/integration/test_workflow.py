@@ -312,3 +312,30 @@ def test_a_failed_attempt_is_retried_resumes_and_keeps_its_log(tmp_path):
     assert (row["status"], row["segments"], row["attempts"], row["early_stops"]) == \
         ("ok", "1", "2", "0")
     assert row["try_ends"] == "completed 1, killed 1"  # the killed try wrote no end
+
+
+@pytest.mark.slow  # three segments of a local run: about 40 s
+def test_segments_stopped_by_their_budget_get_extra_segments_up_to_max_extra(tmp_path):
+    """Every segment's budget is spent when it starts (budget_s 0.01, margin 0): each
+    trains one batch and stops. The workflow itself adds a segment after each early stop,
+    which resumes where the last one stopped, until segments.max_extra extra segments ran;
+    then it stops with the way out."""
+    cfg = tmp_path / "budget.yaml"
+    cfg.write_text("strategies: [cpu]\ndata: {source: synthetic, synthetic: {train_size: 1000, "
+                   "test_size: 200}}\ntrain: {epochs: 1, batch_size: 100, log_interval_s: 100}\n"
+                   "segments: {count: 1, budget_s: 0.01, margin_s: 0, max_extra: 2}\n")
+    out = snakemake(tmp_path, "--cores", 2, configfile=cfg, check=False)
+    text = out.stdout + out.stderr
+    assert out.returncode != 0
+    assert "run cpu: not finished after 3 segments; raise resources.runtime or " \
+           "segments.max_extra" in text, text[-3000:]
+    logs = tmp_path / "results/logs/train/cpu"
+    for k in (1, 2, 3):
+        m = ckpt.read_manifest(tmp_path / f"results/runs/cpu/segment-{k}")
+        assert (m["epoch"], m["step"], m["done"]) == (0, k, False)
+        assert f"stopping at epoch 1 batch {k}: time budget" in \
+            (logs / f"segment-{k}.log").read_text()
+    for k in (2, 3):
+        assert (f"resumed from results/runs/cpu/segment-{k - 1} at epoch 1, batch {k - 1}\n"
+                in (logs / f"segment-{k}.log").read_text())
+    assert not (tmp_path / "results/runs/cpu/segment-4").exists()

@@ -7,7 +7,9 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -211,6 +213,26 @@ def test_job_killed_for_its_time_limit_is_retried_and_resumes(tmp_path):
 
     row = next(csv.DictReader(open(tmp_path / "results/summary.csv")))
     assert (row["attempts"], row["status"]) == ("2", "ok")
+
+
+def test_a_segment_reads_its_jobs_end_from_slurm(tmp_path):
+    """Slurm 22.05 sets no SLURM_JOB_END_TIME: inside a job with a time limit, the engine's
+    slurm_end_time asks squeue, and gets the end the controller set (start + limit)."""
+    out = tmp_path / "end.txt"
+    jobid = subprocess.run(
+        ["sbatch", "--parsable", "--time=7", "--mem=1500", f"--output={out}",
+         f"--job-name={slurm_job_prefix(tmp_path)}_end", "--wrap",
+         f"PYTHONPATH={ROOT / 'scripts'} {sys.executable} -c 'from cifarflow.engine.stop import "
+         f"slurm_end_time; print(slurm_end_time())'"],
+        capture_output=True, text=True, check=True).stdout.strip()
+    deadline = time.time() + 120
+    while job_state(jobid) not in ("COMPLETED", "FAILED") and time.time() < deadline:
+        time.sleep(0.5)
+    assert job_state(jobid) == "COMPLETED", out.read_text()
+    show = subprocess.run(["scontrol", "show", "job", jobid], capture_output=True, text=True,
+                          check=True).stdout
+    start = datetime.fromisoformat(re.search(r"StartTime=(\S+)", show)[1]).timestamp()
+    assert float(out.read_text().split()[-1]) == start + 7 * 60
 
 
 def test_unknown_partition_is_one_clear_error(tmp_path):
