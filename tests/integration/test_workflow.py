@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import (ENV, PY, ROOT, assert_bit_identical, process_tree, snakemake, state_of,
-                      training_spec)
+                      train_until_saved, training_spec)
 from cifarflow import checkpoint as ckpt
 
 CONFIGS = ROOT / "tests" / "configs"
@@ -217,6 +217,18 @@ def test_report_renders_in_chromium(sweep_run, tmp_path):
         assert name in dom, name
 
 
+def wait_for_training(proc: subprocess.Popen, timeout: float = 300) -> list[int]:
+    """The `cifarflow train` processes of a local snakemake run, found in its process tree,
+    once they exist."""
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        training = [pid for pid in process_tree(proc.pid) if training_spec(pid)]
+        if training:
+            return training
+        time.sleep(0.01)
+    raise AssertionError("the run's training process never appeared")
+
+
 @pytest.mark.slow
 def test_sigkill_mid_segment_resumes_from_the_last_in_segment_checkpoint(tmp_path):
     cfg = CONFIGS / "kill" / "config.yaml"
@@ -226,13 +238,11 @@ def test_sigkill_mid_segment_resumes_from_the_last_in_segment_checkpoint(tmp_pat
            str(killed), "--configfile", str(cfg), "--cores", "2"]
     proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
-    work = killed / "results/runs/cpu/work/checkpoint.json"
-    deadline = time.time() + 300
-    while not work.exists() and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.2)
-    assert work.exists(), "no in-segment checkpoint appeared"
-    time.sleep(0.5)
-    assert proc.poll() is None, "training finished before it could be killed"
+    # the training, frozen from its start, goes on in steps until its first in-segment save:
+    # killed then, it is mid-segment however fast the machine trains
+    training = wait_for_training(proc)
+    saved = train_until_saved(training, killed / "results/runs/cpu/work", step_s=0.2)
+    assert not saved["done"]
     os.killpg(proc.pid, signal.SIGKILL)  # the node dies: snakemake and training at once
     proc.wait()
     for manifest in killed.rglob("checkpoint.json"):
@@ -241,7 +251,8 @@ def test_sigkill_mid_segment_resumes_from_the_last_in_segment_checkpoint(tmp_pat
     snakemake(killed, "--unlock", configfile=cfg)  # the killed snakemake left its lock
     snakemake(killed, "--cores", 2, "--rerun-incomplete", configfile=cfg)
     log = (killed / "results/logs/train/cpu/segment-1.log").read_text()
-    assert "resumed from results/runs/cpu/work" in log
+    assert (f"resumed from results/runs/cpu/work at epoch {saved['epoch'] + 1}, batch "
+            f"{saved['step']}\n") in log
     snakemake(clean, "--cores", 2, configfile=cfg)
     assert_bit_identical(state_of(clean / "results/runs/cpu/segment-1")["model"],
                          state_of(killed / "results/runs/cpu/segment-1")["model"])
@@ -252,10 +263,14 @@ def test_second_workflow_in_the_same_directory_is_refused(tmp_path):
     cmd = [str(Path(PY).parent / "snakemake"), "-s", str(ROOT / "Snakefile"), "--directory",
            str(tmp_path), "--configfile", str(cfg), "--cores", "1"]
     first = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 120
-    while not list((tmp_path / ".snakemake" / "locks").glob("*")) and time.time() < deadline:
-        time.sleep(0.2)
-    second = snakemake(tmp_path, "--cores", 1, configfile=cfg, check=False)
+    training = wait_for_training(first)  # the first run holds its lock while it trains:
+    for pid in training:                 # frozen there, it is still running, however fast
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        second = snakemake(tmp_path, "--cores", 1, configfile=cfg, check=False)
+    finally:
+        for pid in training:
+            os.kill(pid, signal.SIGCONT)
     assert second.returncode != 0 and "cannot be locked" in second.stdout + second.stderr
     assert first.wait(timeout=600) == 0  # the first one is unharmed
     ckpt.read_manifest(tmp_path / "results/runs/cpu/segment-1")
