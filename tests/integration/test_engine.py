@@ -45,6 +45,24 @@ def test_other_seed_differs(cifar_dir, reference, tmp_path):
     assert not same_metrics(metrics_of(reference), metrics_of(tmp_path / "s1"))
 
 
+@pytest.mark.slow  # three trainings: 60 s here
+def test_bf16_autocast_learns_and_resumes_exactly(cifar_dir, reference, tmp_path):
+    """train.amp bf16 on CPU: the forward passes run in bfloat16 (other weights than the
+    float32 reference), the model learns, and two segments equal one bit for bit."""
+    bf16 = {**SPEC, "amp": "bf16"}
+    train(cifar_dir, tmp_path / "whole", spec_kw=bf16)
+    history = metrics_of(tmp_path / "whole")
+    assert history[-1]["train_loss"] < 0.8 * history[0]["train_loss"]
+    assert history[-1]["test_acc"] > 0.3
+    whole = state_of(tmp_path / "whole")["model"]
+    assert any(not w.equal(r) for w, r in zip(whole.values(),
+                                              state_of(reference)["model"].values()))
+    train(cifar_dir, tmp_path / "segment-1", spec_kw=bf16, until_epoch=1)
+    train(cifar_dir, tmp_path / "segment-2", spec_kw=bf16, resume=tmp_path / "segment-1")
+    assert_bit_identical(whole, state_of(tmp_path / "segment-2")["model"])
+    assert same_metrics(history, metrics_of(tmp_path / "segment-2"))
+
+
 def test_three_segments_equal_one_bit_for_bit(cifar_dir, reference, tmp_path):
     prev = None
     for k, until in enumerate([1, 2, 3], start=1):
