@@ -7,8 +7,10 @@ import time
 
 import pytest
 
-from conftest import (assert_bit_identical, final_states, process_tree, start_snakemake,
-                      summary_rows, sweep_config, train_until_saved, training_spec)
+from conftest import (assert_bit_identical, final_states, metrics_of, process_tree,
+                      start_snakemake, summary_rows, sweep_config, train_until_saved,
+                      training_spec)
+from test_tensorboard import assert_epoch_scalars
 
 
 @pytest.mark.slow  # with the 16-run unpacked sweep it is compared to: 70 s
@@ -49,3 +51,6 @@ def test_local_pack_equals_unpacked_and_retries_only_the_killed_member(tmp_path,
     assert {r["status"] for r in rows.values()} == {"ok"}
     for run, state in final_states(tmp_path).items():
         assert_bit_identical(state["model"], unpacked_sweep[run]["model"])
+        # each member's TensorBoard curve, the killed one's retry included, as it trained
+        assert_epoch_scalars(tmp_path / f"results/tensorboard/{run}",
+                             metrics_of(tmp_path / f"results/runs/{run}/segment-2"), 1000 // 100)

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (ENV, PY, ROOT, assert_bit_identical, process_tree, snakemake, state_of,
-                      train_until_saved, training_spec)
+from conftest import (ENV, PY, ROOT, assert_bit_identical, metrics_of, process_tree, snakemake,
+                      state_of, train_until_saved, training_spec)
 from cifarflow import checkpoint as ckpt
 
 CONFIGS = ROOT / "tests" / "configs"
@@ -113,6 +113,16 @@ def test_local_run_learns_and_summarises(local_run):
     for png in plots:
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
     assert (local_run / "results/benchmarks/train/cpu/segment-1.tsv").is_file()
+
+
+def test_tensorboard_of_a_workflow_run_reads_back_as_one_curve(local_run):
+    """The run's TensorBoard directory, read back as TensorBoard reads it: one file per
+    segment, and each epoch's scalars at its step with the values of metrics.jsonl."""
+    from test_tensorboard import assert_epoch_scalars, event_files
+
+    board = local_run / "results/tensorboard/cpu"
+    assert len(event_files(board)) == 2  # 2 segments
+    assert_epoch_scalars(board, metrics_of(local_run / "results/runs/cpu/segment-2"), 2000 // 100)
 
 
 def test_rerun_is_a_no_op(local_run):
