@@ -7,7 +7,10 @@ import contextlib
 import hashlib
 import json
 import os
+import re
+import signal
 import subprocess
+import time
 import sys
 import tempfile
 from pathlib import Path
@@ -160,6 +163,68 @@ def snakemake(workdir: Path, *args, configfile=None, config=(), check=True, time
     return out
 
 
+# Slurm jobs of the tests: each workflow run a test starts names its jobs after its working
+# directory (the plugin's --slurm-jobname-prefix), finds them by that name, never by a
+# comment every test shares, and the own_slurm_jobs fixture cancels what is left of them.
+SLURM_PREFIXES: set[str] = set()  # every prefix a test of this session used
+SLURM_RUNS: list[subprocess.Popen] = []  # the snakemake runs tests started in the background
+FINISHED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL",
+            "PREEMPTED", "BOOT_FAIL", "DEADLINE")
+
+
+def slurm_job_prefix(workdir: Path) -> str:
+    """The job-name prefix of every Slurm job a workflow run in `workdir` submits: the
+    directory's name (pytest makes it from the test's) and a hash of its whole path."""
+    path = str(Path(workdir).resolve())
+    name = re.sub(r"[^A-Za-z0-9_-]", "", Path(path).name)[:36]
+    prefix = f"{name}-{hashlib.sha1(path.encode()).hexdigest()[:8]}"
+    SLURM_PREFIXES.add(prefix)
+    return prefix
+
+
+def slurm_jobs(prefix: str, states: str = "all") -> dict[str, tuple[str, str]]:
+    """job id -> (state, comment) of the jobs named <prefix>_..., in squeue's states."""
+    out = subprocess.run(["squeue", "-h", "-t", states, "-o", "%i|%j|%T|%k"],
+                         capture_output=True, text=True).stdout
+    jobs = {}
+    for line in out.splitlines():
+        jobid, name, state, comment = line.split("|", 3)
+        if name.startswith(prefix + "_"):
+            jobs[jobid] = (state, comment)
+    return jobs
+
+
+def cancel_slurm_jobs(prefixes, wait_s: float = 90) -> list[str]:
+    """scancel the unfinished jobs of these prefixes (SIGSTOPped ones too: Slurm sends
+    SIGCONT first) and wait until they have left the node; returns their ids."""
+    live = [j for p in prefixes for j, (state, _) in slurm_jobs(p).items()
+            if state not in FINISHED]
+    if live:
+        subprocess.run(["scancel", *live], capture_output=True)
+        deadline = time.time() + wait_s
+        while time.time() < deadline and any(
+                state not in FINISHED for p in prefixes for j, (state, _) in
+                slurm_jobs(p).items() if j in live):
+            time.sleep(0.5)
+    return live
+
+
+@pytest.fixture(autouse=True)
+def own_slurm_jobs(request):
+    """After each test, none of the tests' Slurm jobs runs on: a failed test (or a failed
+    module fixture before it) leaves no frozen job holding the cluster's CPUs."""
+    yield
+    while SLURM_RUNS:  # a test that failed before its run ended: it submits nothing more
+        run = SLURM_RUNS.pop()
+        if run.poll() is None:
+            run.kill()
+            run.communicate()
+    if SLURM_PREFIXES:
+        left = cancel_slurm_jobs(sorted(SLURM_PREFIXES))
+        if left:
+            print(f"\ncancelled Slurm jobs left by {request.node.name}: {' '.join(left)}")
+
+
 def summary_rows(workdir: Path, name: str = "results/summary.csv") -> dict[str, dict]:
     """summary.csv of a finished workflow, by run name."""
     import csv
@@ -213,16 +278,38 @@ def training_spec(pid: int) -> str | None:
     return rest[rest.index("--spec") + 1]
 
 
+def train_until_saved(pids: list[int], work_dir: Path, step_s: float = 0.02,
+                      timeout: float = 600) -> dict:
+    """Freeze the training processes `pids` (SIGSTOP), then let them go on in steps of
+    `step_s` until their in-segment checkpoint (`work_dir`) exists; they stay frozen there,
+    before their segment ended, however fast the machine trains. Returns the checkpoint's
+    manifest (its "epoch" and "step" are where a resume goes on)."""
+    from cifarflow import checkpoint as ckpt
+
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    deadline = time.time() + timeout
+    while not (Path(work_dir) / "checkpoint.json").exists() and time.time() < deadline:
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+        time.sleep(step_s)
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+    assert (Path(work_dir) / "checkpoint.json").exists(), f"no in-segment checkpoint in {work_dir}"
+    return ckpt.read_manifest(work_dir)
+
+
 SWEEP = ("strategies: [cpu]\ndata: {{source: synthetic, synthetic: {{train_size: 1000, "
-         "test_size: 200}}}}\ntrain: {{epochs: 2, batch_size: 100, log_interval_s: 100}}\n"
+         "test_size: 200}}}}\ntrain: {{epochs: 2, batch_size: 100, log_interval_s: 100{train}}}\n"
          "segments: {{count: 2}}\nresources: {{cpus_per_task: 1, mem_mb: 1000, runtime: 10}}\n"
          "sweep: {{lr: {lrs}}}\npack: {{runs_per_job: {k}}}\n")
 
 
-def sweep_config(path: Path, runs: int, runs_per_job: int) -> Path:
-    """A sweep of tiny cpu runs (2 epochs in 2 segments), in packs of runs_per_job."""
+def sweep_config(path: Path, runs: int, runs_per_job: int, train: str = "") -> Path:
+    """A sweep of tiny cpu runs (2 epochs in 2 segments), in packs of runs_per_job; `train`:
+    more train keys (YAML), e.g. "checkpoint_interval_s: 0.001"."""
     path.write_text(SWEEP.format(lrs=[round(0.01 * (i + 1), 4) for i in range(runs)],
-                                 k=runs_per_job))
+                                 k=runs_per_job, train=f", {train}" if train else ""))
     return path
 
 

@@ -120,6 +120,15 @@ def publish(staging: Path, directory: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+def recover(directory: Path) -> None:
+    """A writer killed between publish's two renames left the old checkpoint only beside
+    the target (``.<name>.old``), whole: put it back where readers look."""
+    directory = Path(directory)
+    old = directory.with_name(f".{directory.name}.old")
+    if not directory.exists() and old.is_dir():
+        os.replace(old, directory)
+
+
 def _save_torch(obj, path: Path) -> None:
     import torch
 

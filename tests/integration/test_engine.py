@@ -45,6 +45,24 @@ def test_other_seed_differs(cifar_dir, reference, tmp_path):
     assert not same_metrics(metrics_of(reference), metrics_of(tmp_path / "s1"))
 
 
+@pytest.mark.slow  # three trainings: 60 s here
+def test_bf16_autocast_learns_and_resumes_exactly(cifar_dir, reference, tmp_path):
+    """train.amp bf16 on CPU: the forward passes run in bfloat16 (other weights than the
+    float32 reference), the model learns, and two segments equal one bit for bit."""
+    bf16 = {**SPEC, "amp": "bf16"}
+    train(cifar_dir, tmp_path / "whole", spec_kw=bf16)
+    history = metrics_of(tmp_path / "whole")
+    assert history[-1]["train_loss"] < 0.8 * history[0]["train_loss"]
+    assert history[-1]["test_acc"] > 0.3
+    whole = state_of(tmp_path / "whole")["model"]
+    assert any(not w.equal(r) for w, r in zip(whole.values(),
+                                              state_of(reference)["model"].values()))
+    train(cifar_dir, tmp_path / "segment-1", spec_kw=bf16, until_epoch=1)
+    train(cifar_dir, tmp_path / "segment-2", spec_kw=bf16, resume=tmp_path / "segment-1")
+    assert_bit_identical(whole, state_of(tmp_path / "segment-2")["model"])
+    assert same_metrics(history, metrics_of(tmp_path / "segment-2"))
+
+
 def test_three_segments_equal_one_bit_for_bit(cifar_dir, reference, tmp_path):
     prev = None
     for k, until in enumerate([1, 2, 3], start=1):
@@ -71,6 +89,17 @@ def test_time_budget_stops_mid_epoch_and_resumes_exactly(cifar_dir, reference, t
     train(cifar_dir, tmp_path / "segment-2", spec_kw=SPEC, resume=first)
     assert_bit_identical(state_of(reference)["model"], state_of(tmp_path / "segment-2")["model"])
     assert same_metrics(metrics_of(reference), metrics_of(tmp_path / "segment-2"))
+
+
+def test_the_rule_runtime_is_the_budget_when_the_spec_sets_none(cifar_dir, tmp_path):
+    """--budget-min (the rule's runtime) budgets a spec with budget_s 0: already spent at
+    the start (0.0002 min, margin 0), the segment stops after its first batch."""
+    out = train(cifar_dir, tmp_path / "segment-1", spec_kw={**SPEC, "margin_s": 0},
+                budget_min=0.0002)
+    assert "stopping at epoch 1 batch 1: time budget" in out.stdout
+    m = ckpt.read_manifest(tmp_path / "segment-1")
+    assert (m["epoch"], m["step"], m["done"]) == (0, 1, False)
+    assert m["segment_runs"][-1]["requested_runtime_min"] == 0.0002
 
 
 def test_sigusr2_checkpoints_at_next_batch_and_exits_cleanly(cifar_dir, reference, tmp_path):
@@ -133,21 +162,60 @@ def test_changed_training_config_is_refused(cifar_dir, reference, tmp_path):
     train(cifar_dir, tmp_path / "ok", spec_kw={**SPEC, "channels_last": False}, resume=reference)
 
 
-def test_atomic_publish_never_leaves_a_half_checkpoint(tmp_path):
-    class Solo:
-        is_main, device = True, "cpu"
+CRASHING_WRITER = """
+import os, signal, sys
+from pathlib import Path
+from cifarflow import checkpoint as ckpt
 
-        def barrier(self):
-            pass
+class Solo:
+    is_main, device = True, "cpu"
 
-    target = tmp_path / "ck"
-    saver = ckpt.FileCheckpointer(Solo())
-    saver.save(target, {"x": 1}, {"config_hash": "h", "epoch": 1, "step": 0}, {"m.txt": "one"})
-    first = ckpt.read_manifest(target)
-    saver.save(target, {"x": 2}, {"config_hash": "h", "epoch": 2, "step": 0}, {"m.txt": "two"})
-    assert ckpt.read_manifest(target)["epoch"] == 2 and first["epoch"] == 1
-    assert not list(tmp_path.glob(".ck.*"))  # staging and old copies cleaned up
-    assert (target / "m.txt").read_text() == "two" and "m.txt" in first["files"]
+    def barrier(self):
+        pass
+
+def crash(*args, **kw):
+    os.kill(os.getpid(), signal.SIGKILL)
+
+target, point, meta = Path(sys.argv[1]), sys.argv[2], eval(sys.argv[3])
+saver = ckpt.FileCheckpointer(Solo())
+saver.save(target, {"x": 1}, {**meta, "epoch": 1}, {"m.txt": "one"})
+if point == "after the payload":
+    ckpt._finish = crash
+elif point == "after the manifest":
+    ckpt.publish = crash
+elif point == "between the renames":
+    rename = os.replace
+
+    def staging_in_crashes(src, dst):  # the old one is moved aside, the new not yet in
+        crash() if Path(dst) == target else rename(src, dst)
+    os.replace = staging_in_crashes
+saver.save(target, {"x": 2}, {**meta, "epoch": 2}, {"m.txt": "two"})
+"""
+
+
+@pytest.mark.parametrize("point", ["after the payload", "after the manifest",
+                                   "between the renames", "nowhere"])
+def test_a_writer_killed_while_it_publishes_leaves_the_old_checkpoint_whole(tmp_path, point):
+    """A process saves a checkpoint, then is SIGKILLed while it saves the next one over it
+    (at each step of the publish); the next segment's resume decision still finds the old
+    checkpoint, whole (or the new one when nothing crashed), and no half of either."""
+    import torch
+
+    from cifarflow.config import TrainConfig
+    from cifarflow.engine.resume import Choice, decide
+
+    cfg = TrainConfig.read(spec())
+    meta = {"config_hash": cfg.shaping_hash(), "config": cfg.to_dict(), "step": 0}
+    target = tmp_path / "work"
+    out = subprocess.run([PY, "-c", CRASHING_WRITER, target, point, repr(meta)], env=ENV,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == (0 if point == "nowhere" else -signal.SIGKILL), out.stderr
+    epoch, text = (2, "two") if point == "nowhere" else (1, "one")
+    decision = decide(cfg, 3, tmp_path / "segment-1", None, target)
+    assert (decision.choice, decision.path, decision.notes) == (Choice.WORK, target, ())
+    assert ckpt.read_manifest(target)["epoch"] == epoch  # every file's sha256 checked
+    assert (target / "m.txt").read_text() == text
+    assert torch.load(target / "state.pt", weights_only=False) == {"x": epoch}
 
 
 def test_metrics_are_covered_by_the_manifest(reference, tmp_path):

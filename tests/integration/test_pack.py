@@ -7,31 +7,39 @@ import time
 
 import pytest
 
-from conftest import (assert_bit_identical, final_states, process_tree, start_snakemake,
-                      summary_rows, sweep_config, training_spec)
+from conftest import (assert_bit_identical, final_states, metrics_of, process_tree,
+                      start_snakemake, summary_rows, sweep_config, train_until_saved,
+                      training_spec)
+from test_tensorboard import assert_epoch_scalars
 
 
 @pytest.mark.slow  # with the 16-run unpacked sweep it is compared to: 70 s
 def test_local_pack_equals_unpacked_and_retries_only_the_killed_member(tmp_path,
                                                                       unpacked_sweep):
-    """4 runs in 2 packs of 2 under `snakemake --cores 2 --retries 1`; one member is
-    SIGKILLed while it trains: its pack job fails once the other member finished, and the
-    retry trains the killed member alone. Final weights equal the unpacked sweep's."""
-    config = sweep_config(tmp_path / "c.yaml", 4, 2)
+    """4 runs in 2 packs of 2 under `snakemake --cores 2 --retries 1`, saving after every
+    batch; one member is SIGKILLed after its first in-segment save (frozen from its start,
+    it trains in short steps until the save exists): its pack job fails once the other
+    member finished, and the retry trains the killed member alone, from its own checkpoint,
+    at the batch of that save. Final weights equal the unpacked sweep's."""
+    config = sweep_config(tmp_path / "c.yaml", 4, 2, train="checkpoint_interval_s: 0.001")
     proc = start_snakemake(tmp_path, "--cores", "2", "--retries", "1", configfile=config)
     victim = "cpu_lr0p02"
-    deadline, killed = time.time() + 300, None
-    while killed is None and time.time() < deadline and proc.poll() is None:
+    deadline, saved = time.time() + 300, None
+    while saved is None and time.time() < deadline and proc.poll() is None:
         for pid in process_tree(proc.pid):
             if training_spec(pid) == f"results/runs/{victim}/spec.json":
+                saved = train_until_saved([pid], tmp_path / f"results/runs/{victim}/work")
                 os.kill(pid, signal.SIGKILL)
-                killed = pid
                 break
-        time.sleep(0.02)
+        time.sleep(0.01)
     output = proc.communicate(timeout=600)[0]
-    assert killed, "the member's training process never appeared"
+    assert saved, "the member's training process never appeared"
     assert proc.returncode == 0, output[-4000:]
+    assert (saved["epoch"], saved["done"]) == (0, False) and 1 <= saved["step"] < 10, saved
     logs = tmp_path / "results/logs"
+    retry = (logs / f"train/{victim}/segment-1.attempt2.log").read_text()
+    assert (f"resumed from results/runs/{victim}/work at epoch 1, batch {saved['step']}\n"
+            in retry), retry[-2000:]
     pack_log = (logs / "packs/cpu-pack001/segment-1.log").read_text()
     assert f"{victim}: started (attempt 2" in pack_log
     assert "cpu_lr0p01: segment 1 already published, not retrained" in pack_log
@@ -43,3 +51,6 @@ def test_local_pack_equals_unpacked_and_retries_only_the_killed_member(tmp_path,
     assert {r["status"] for r in rows.values()} == {"ok"}
     for run, state in final_states(tmp_path).items():
         assert_bit_identical(state["model"], unpacked_sweep[run]["model"])
+        # each member's TensorBoard curve, the killed one's retry included, as it trained
+        assert_epoch_scalars(tmp_path / f"results/tensorboard/{run}",
+                             metrics_of(tmp_path / f"results/runs/{run}/segment-2"), 1000 // 100)

@@ -70,6 +70,18 @@ def test_work_dir_of_another_config_is_refused(cifar_dir, chain, tmp_path):
     assert not (tmp_path / "segment-1").exists()
 
 
+def test_segment_of_another_config_is_refused(cifar_dir, chain, tmp_path):
+    """The previous segment's checkpoint written by another training config: one error
+    naming it, the changed key and the fix; nothing trains."""
+    out = cli("train", "--spec", spec(**{**SPEC, "lr": 0.1}), "--data", cifar_dir, "--out",
+              tmp_path / "segment-2", "--resume", chain / "segment-1", check=False)
+    assert out.returncode == 2
+    assert (f"refusing to resume from {chain / 'segment-1'}: the training config changed "
+            f"(lr: 0.05 -> 0.1). Restore the config, or delete {tmp_path} to train this run "
+            "afresh") in out.stderr
+    assert not (tmp_path / "segment-2").exists()
+
+
 def test_checkpoint_past_the_target_is_published_not_retrained(cifar_dir, chain, tmp_path):
     work = tmp_path / "work"
     shutil.copytree(chain / "work", work)  # inside epoch 2; this segment's target is epoch 1

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import PY, ROOT, assert_bit_identical, cli, metrics_of, state_of
+from conftest import slurm_job_prefix, slurm_jobs, summary_rows
 from test_slurm import CONFIG, job_state, slurm, start_slurm, submitted, training_processes
 
 pytestmark = pytest.mark.slurm
@@ -168,9 +169,11 @@ def test_slurm_tmpdir_venv_is_built_on_every_node(tmp_path):
 
 def test_node_failure_reruns_the_segment_on_the_other_node_and_resumes_exactly(tmp_path):
     """A two-rank segment runs on one node; once it has an in-segment checkpoint the node
-    loses power (its slurmd and every process on it are killed). Slurm marks the node down,
-    the job reruns on the other node (requeued by Slurm, or retried by the profile) and
-    resumes from the checkpoint; the final weights equal an uninterrupted run's."""
+    loses power (its slurmd and every process on it are killed). Slurm marks the node down
+    and requeues the job (profiles/slurm: slurm-requeue): the same job id reruns on the
+    other node, its try logs to segment-1.attempt1.requeue1.log, resumes from the
+    checkpoint, and the summary counts the requeue; the final weights equal an
+    uninterrupted run's."""
     extra = multi_config(tmp_path, strategies=["ddp"], segments={"count": 1},
                          distributed={"world_size": 2, "nodes": 1},
                          train={"epochs": 10, "batch_size": 20, "checkpoint_interval_s": 0.5})
@@ -180,11 +183,10 @@ def test_node_failure_reruns_the_segment_on_the_other_node_and_resumes_exactly(t
     try:
         ranks = []
         while time.time() - t0 < 300 and len(ranks) < 2:
-            running = subprocess.run(["squeue", "-h", "-p", "multi", "-t", "R", "-o", "%i %N"],
-                                     capture_output=True, text=True).stdout.splitlines()
-            for jobid, node in (line.split() for line in running):  # the env job may run too
+            for jobid in slurm_jobs(slurm_job_prefix(tmp_path), "R"):  # the env job may run too
                 ranks = training_processes(jobid)
                 if len(ranks) == 2:
+                    node, segment_job = job_nodes(jobid)[1], jobid
                     break
             time.sleep(0.05)
         assert len(ranks) == 2, "the segment's ranks never ran"
@@ -201,19 +203,33 @@ def test_node_failure_reruns_the_segment_on_the_other_node_and_resumes_exactly(t
         for pid in ranks:
             os.kill(pid, signal.SIGSTOP)
         assert work.exists(), "the segment wrote no in-segment checkpoint"
+        frozen = json.loads(work.read_text())  # the last save: where the rerun goes on
         assert node in NODES, node
         subprocess.run(["bash", str(CLUSTER), "kill-node", node], check=True)
         output = proc.communicate(timeout=900)[0]
+        down = subprocess.run(["sinfo", "-h", "-n", node, "-o", "%T"], capture_output=True,
+                              text=True).stdout.strip()
     finally:
         proc.kill()
         subprocess.run(["bash", str(CLUSTER), "start"], capture_output=True)
     assert proc.returncode == 0, output[-3000:]
+    assert down.startswith("down"), down  # the node, seen before the cluster restarted it
     other = next(n for n in NODES if n != node)
     manifest = json.loads((tmp_path / "results/runs/ddp/segment-1/checkpoint.json").read_text())
-    assert manifest["done"] and manifest["segment_runs"][-1]["hosts"] == [other, other]
-    logs = sorted((tmp_path / "results/logs/train/ddp").glob("segment-1.attempt*.log"))
-    assert len(logs) == 2, logs  # the killed try and the one that finished, each its own
-    assert "resumed from results/runs/ddp/work at epoch" in logs[-1].read_text()
+    last = manifest["segment_runs"][-1]
+    assert manifest["done"] and last["hosts"] == [other, other]
+    assert (last["slurm_job_id"], last["attempt"], last["requeue"]) == (segment_job, 1, 1)
+    assert job_state(segment_job) == "COMPLETED"
+    show = subprocess.run(["scontrol", "show", "job", segment_job], capture_output=True,
+                          text=True, check=True).stdout
+    assert "Restarts=1" in show, show
+    logs = tmp_path / "results/logs/train/ddp"
+    assert sorted(p.name for p in logs.glob("segment-1.attempt*.log")) == [
+        "segment-1.attempt1.log", "segment-1.attempt1.requeue1.log"]  # each try its own
+    assert (f"resumed from results/runs/ddp/work at epoch {frozen['epoch'] + 1}, batch "
+            f"{frozen['step']}\n") in (logs / "segment-1.attempt1.requeue1.log").read_text()
+    row = summary_rows(tmp_path)["ddp"]
+    assert (row["status"], row["attempts"], row["requeues"]) == ("ok", "1", "1")
     assert_bit_identical(state_of(tmp_path / "results/runs/ddp/segment-1")["model"],
                          reference_model(tmp_path, "ddp", tmp_path, nproc=2))
 

@@ -7,12 +7,15 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, snakemake, start_snakemake, summary_rows, training_spec
+from conftest import (ROOT, SLURM_RUNS, cancel_slurm_jobs, slurm_job_prefix, slurm_jobs, snakemake,
+                      start_snakemake, summary_rows, training_spec)
 from cifarflow import checkpoint as ckpt
 
 pytestmark = pytest.mark.slurm
@@ -29,9 +32,16 @@ def cluster():
         pytest.fail("no Slurm cluster: run `bash tests/slurm/cluster.sh start` (make test does)")
 
 
+def profile_args(workdir) -> list:
+    """--profile profiles/slurm, fast polling, and job names of this working directory's own
+    (conftest.slurm_job_prefix): a test finds its jobs by them, and only its own."""
+    return ["--profile", ROOT / "profiles" / "slurm", *FAST_POLLING,
+            "--slurm-jobname-prefix", slurm_job_prefix(workdir)]
+
+
 def slurm(workdir, *args, configfile=CONFIG, **kw):
-    return snakemake(workdir, "--profile", ROOT / "profiles" / "slurm", *FAST_POLLING, "--verbose",
-                     *args, configfile=configfile, **kw)
+    return snakemake(workdir, *profile_args(workdir), "--verbose", *args, configfile=configfile,
+                     **kw)
 
 
 def submitted(stdout: str) -> dict:
@@ -106,16 +116,21 @@ def test_summary_is_complete(slurm_run):
         assert len(r["slurm_job_ids"].split()) == 2
 
 
-def train_job_id(comment: str) -> str | None:
-    out = subprocess.run(["squeue", "-h", "-t", "R", "-o", "%i %k"], capture_output=True,
-                         text=True).stdout
-    return next((line.split()[0] for line in out.splitlines() if line.endswith(comment)), None)
+def running_jobs(workdir) -> dict[str, str]:
+    """job id -> comment (rule_<rule>_wildcards_<wildcards>) of the running jobs of the
+    workflow run in `workdir`."""
+    return {j: comment for j, (_, comment) in slurm_jobs(slurm_job_prefix(workdir), "R").items()}
+
+
+def train_job_id(workdir, comment: str) -> str | None:
+    return next((j for j, c in running_jobs(workdir).items() if c == comment), None)
 
 
 def start_slurm(workdir, *configfiles, args=()) -> subprocess.Popen:
     """snakemake --profile profiles/slurm in the background, output captured."""
-    return start_snakemake(workdir, "--profile", ROOT / "profiles/slurm", *FAST_POLLING, *args,
-                           configfile=list(configfiles))
+    proc = start_snakemake(workdir, *profile_args(workdir), *args, configfile=list(configfiles))
+    SLURM_RUNS.append(proc)  # killed after the test if it still runs (conftest.own_slurm_jobs)
+    return proc
 
 
 def start_long_segment(tmp_path, strategy="cpu", epochs=60):
@@ -130,7 +145,7 @@ def start_long_segment(tmp_path, strategy="cpu", epochs=60):
     work = tmp_path / f"results/runs/{strategy}/work/checkpoint.json"
     jobid = None
     while time.time() - t0 < 300 and not (jobid and work.exists()):
-        jobid = jobid or train_job_id(f"rule_train_{strategy}_wildcards_{strategy}_1")
+        jobid = jobid or train_job_id(tmp_path, f"rule_train_{strategy}_wildcards_{strategy}_1")
         time.sleep(1)
     assert jobid and work.exists(), "training job did not start"
     return proc, jobid
@@ -170,7 +185,7 @@ def preempt_long_segment(tmp_path, strategy="cpu", ranks=1) -> str:
     the segment's step, then grants GraceTime). Returns the segment's job id once both jobs
     completed and Snakemake ended well by itself."""
     proc, jobid = start_long_segment(tmp_path, strategy)
-    urgent = preempt(jobid, ranks)
+    urgent = preempt(tmp_path, jobid, ranks)
     output = proc.communicate(timeout=900)[0]
     assert proc.returncode == 0, output[-3000:]
     assert job_state(urgent) == "COMPLETED"
@@ -200,22 +215,44 @@ def test_job_killed_for_its_time_limit_is_retried_and_resumes(tmp_path):
     assert (row["attempts"], row["status"]) == ("2", "ok")
 
 
+def test_a_segment_reads_its_jobs_end_from_slurm(tmp_path):
+    """Slurm 22.05 sets no SLURM_JOB_END_TIME: inside a job with a time limit, the engine's
+    slurm_end_time asks squeue, and gets the end the controller set (start + limit)."""
+    out = tmp_path / "end.txt"
+    jobid = subprocess.run(
+        ["sbatch", "--parsable", "--time=7", "--mem=1500", f"--output={out}",
+         f"--job-name={slurm_job_prefix(tmp_path)}_end", "--wrap",
+         f"PYTHONPATH={ROOT / 'scripts'} {sys.executable} -c 'from cifarflow.engine.stop import "
+         f"slurm_end_time; print(slurm_end_time())'"],
+        capture_output=True, text=True, check=True).stdout.strip()
+    deadline = time.time() + 120
+    while job_state(jobid) not in ("COMPLETED", "FAILED") and time.time() < deadline:
+        time.sleep(0.5)
+    assert job_state(jobid) == "COMPLETED", out.read_text()
+    show = subprocess.run(["scontrol", "show", "job", jobid], capture_output=True, text=True,
+                          check=True).stdout
+    start = datetime.fromisoformat(re.search(r"StartTime=(\S+)", show)[1]).timestamp()
+    assert float(out.read_text().split()[-1]) == start + 7 * 60
+
+
 def test_unknown_partition_is_one_clear_error(tmp_path):
     out = slurm(tmp_path, "record_environment", config=["slurm={'partition': 'nosuchpart'}"],
                 check=False)
     assert out.returncode != 0
-    assert "nosuchpart" in out.stdout + out.stderr
-    assert re.search(r"[Ii]nvalid partition|partition", out.stdout + out.stderr)
+    assert ("SLURM sbatch failed. The error message was 'sbatch: error: invalid partition "
+            "specified: nosuchpart\n" in out.stdout + out.stderr)
+    assert not slurm_jobs(slurm_job_prefix(tmp_path))  # nothing was submitted
 
 
-def preempt(jobid: str, ranks: int = 1) -> str:
+def preempt(workdir, jobid: str, ranks: int = 1) -> str:
     """Freeze the job's training (by its job id), then preempt it with a job of the urgent
-    partition that needs the whole node; returns that job's id."""
+    partition that needs the whole node (named as the test's own jobs); returns its id."""
     freeze_training(jobid, ranks)
     cpus = subprocess.run(["sinfo", "-h", "-p", "urgent", "-o", "%c"], capture_output=True,
                           text=True).stdout.split()[0]
     return subprocess.run(["sbatch", "--parsable", "-p", "urgent", f"--cpus-per-task={cpus}",
-                           "--mem=500", "--output=/dev/null", "--wrap", "sleep 2"],
+                           "--mem=500", "--output=/dev/null",
+                           f"--job-name={slurm_job_prefix(workdir)}_urgent", "--wrap", "sleep 2"],
                           capture_output=True, text=True, check=True).stdout.strip()
 
 
@@ -237,14 +274,14 @@ def test_a_segment_preempted_three_times_finishes_by_itself_within_two_retries(t
             deadline, jobid = time.time() + 300, None
             log = logs / f"segment-{k}.attempt1.log"
             while time.time() < deadline and proc.poll() is None:
-                jobid = jobid or train_job_id(f"rule_train_cpu_wildcards_cpu_{k}")
+                jobid = jobid or train_job_id(tmp_path, f"rule_train_cpu_wildcards_cpu_{k}")
                 if jobid and log.exists() and "[cpu] {" in log.read_text() \
                         and training_processes(jobid):
                     break
                 time.sleep(0.1)
             assert jobid and proc.poll() is None, f"segment {k} did not start"
             jobs.append(jobid)
-            urgent.append(preempt(jobid))
+            urgent.append(preempt(tmp_path, jobid))
             while job_state(jobid) not in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT") \
                     and time.time() < deadline + 300:
                 time.sleep(0.5)
@@ -285,12 +322,6 @@ def test_preempted_ddp_ranks_stop_together_and_the_chain_goes_on(tmp_path):
             in (logs / "segment-2.attempt1.log").read_text())
 
 
-def workflow_jobs(jobid: str) -> list[str]:
-    """Every job the Snakemake run that submitted ``jobid`` submitted (one job name)."""
-    jobs = subprocess.run(["squeue", "-t", "all", "-h", "-o", "%i %j"], capture_output=True,
-                          text=True).stdout.split()
-    names = dict(zip(jobs[0::2], jobs[1::2]))
-    return [j for j, name in names.items() if name == names[jobid]]
 
 
 def test_ctrl_c_cancels_the_running_segment_and_stops(tmp_path):
@@ -302,7 +333,8 @@ def test_ctrl_c_cancels_the_running_segment_and_stops(tmp_path):
     assert proc.returncode != 0, output[-2000:]
     assert job_state(jobid) == "CANCELLED"
     time.sleep(3)
-    assert len(workflow_jobs(jobid)) == 2, workflow_jobs(jobid)  # the environment record, this
+    jobs = slurm_jobs(slurm_job_prefix(tmp_path))
+    assert len(jobs) == 2, jobs  # the environment record, this
 
 
 def test_pruned_runs_submit_no_further_jobs(tmp_path):
@@ -322,3 +354,30 @@ def test_pruned_runs_submit_no_further_jobs(tmp_path):
     for run, segments in per_run.items():
         assert rows[run]["segments"] == str(max(segments))
         assert rows[run]["status"] == ("ok" if max(segments) == 3 else "pruned")
+
+
+def test_a_test_finds_only_its_own_jobs_and_its_leftovers_are_cancelled(tmp_path):
+    """Two tests' jobs side by side, one frozen mid-run: each test sees only the jobs named
+    after its own working directory, and cancelling one test's leftovers (what the
+    own_slurm_jobs fixture does after every test) ends only those, the frozen one too."""
+    other = tmp_path / "other"
+    other.mkdir()
+
+    def submit(workdir, script):
+        return subprocess.run(["sbatch", "--parsable", "--mem=100", "--output=/dev/null",
+                               f"--job-name={slurm_job_prefix(workdir)}_probe",
+                               "--comment=rule_train_cpu_wildcards_cpu_1", "--wrap", script],
+                              capture_output=True, text=True, check=True).stdout.strip()
+
+    mine = submit(tmp_path, "kill -STOP $$")  # a job whose process is frozen
+    theirs = submit(other, "sleep 300")
+    deadline = time.time() + 60
+    while time.time() < deadline and set(running_jobs(tmp_path)) | set(running_jobs(other)) \
+            != {mine, theirs}:
+        time.sleep(0.2)
+    assert running_jobs(tmp_path) == {mine: "rule_train_cpu_wildcards_cpu_1"}
+    assert train_job_id(other, "rule_train_cpu_wildcards_cpu_1") == theirs
+    assert cancel_slurm_jobs([slurm_job_prefix(tmp_path)]) == [mine]
+    assert (job_state(mine), job_state(theirs)) == ("CANCELLED", "RUNNING")
+    assert cancel_slurm_jobs([slurm_job_prefix(other)]) == [theirs]
+    assert job_state(theirs) == "CANCELLED"

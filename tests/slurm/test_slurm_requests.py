@@ -52,21 +52,65 @@ def test_a_run_asking_far_more_than_it_uses_asks_less_for_its_next_segment(tmp_p
     assert row["try_ends"] == "completed 2"
 
 
-def test_a_segment_killed_for_memory_succeeds_on_its_retry_with_more(tmp_path):
+# A model whose memory grows once it trained a few batches (a cache that keeps growing), on
+# its first try only (its mark file): by `mb` MB, touched; then its process stays as it is
+# (SIGSTOP), so the cluster's memory check sees it however fast the machine trains.
+GROWING_MODEL = """
+import os
+import signal
+from pathlib import Path
+
+import torch
+from torch import nn
+
+
+class GrowsOnItsFirstTry(nn.Module):
+    def __init__(self, mb, after):
+        super().__init__()
+        self.net = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Flatten(),
+                                 nn.Linear(8 * 30 * 30, 10))
+        self.mb, self.after, self.calls, self.held = mb, after, 0, None
+
+    def forward(self, x):
+        self.calls += self.training
+        if self.training and self.calls == self.after and not Path("grown").exists():
+            Path("grown").write_text("the first try grew")
+            self.held = torch.ones(self.mb * 2**18)
+            os.kill(os.getpid(), signal.SIGSTOP)
+        return self.net(x)
+
+
+def make(mb, after):
+    return GrowsOnItsFirstTry(mb, after)
+"""
+
+
+def test_a_segment_killed_for_memory_resumes_on_its_retry_with_more(tmp_path):
+    """The segment saves after every batch; in its third batch its model grows by 2000 MB
+    (its first try only) and holds it: Slurm kills the step for memory. The retry asks for
+    oom_factor x the memory and resumes from the in-segment checkpoint, at the batch of
+    the last save (the second)."""
+    (tmp_path / "growing.py").write_text(GROWING_MODEL)
     config = tmp_path / "c.yaml"
     config.write_text("strategies: [cpu]\n" + DATA +
-                      "train: {epochs: 6, batch_size: 100, log_interval_s: 100}\n"
+                      "train: {epochs: 2, batch_size: 100, log_interval_s: 100, "
+                      "checkpoint_interval_s: 0.000001, model: 'growing:make', "
+                      "model_args: {mb: 2000, after: 3}}\n"
                       "segments: {count: 1}\n"
-                      "resources: {cpus_per_task: 1, mem_mb: 400, runtime: 10, oom_factor: 4}\n")
+                      "resources: {cpus_per_task: 1, mem_mb: 1500, runtime: 10, oom_factor: 2}\n")
     out = slurm(tmp_path, configfile=config)  # profiles/slurm: retries 2
     text = out.stdout + out.stderr
-    assert sbatch_calls(text, "train_cpu")["cpu_1"] == [(400, 10), (1600, 10)]
+    assert (tmp_path / "grown").exists()
+    assert sbatch_calls(text, "train_cpu")["cpu_1"] == [(1500, 10), (3000, 10)]
     first, second = dict.fromkeys(submitted(text)["train_cpu"])  # in order, once each
     # the step was killed, not the job: the job is FAILED and the step's log says why
     assert (job_state(first), job_state(second)) == ("FAILED", "COMPLETED")
-    killed = (tmp_path / "results/logs/train/cpu/segment-1.attempt1.log").read_text()
-    assert re.search(r"exceeded memory limit \(\d+ > 419430400\), being killed", killed)
-    assert "cpu segment 1: 1 try ran out of memory: 1600 MB" in text
+    logs = tmp_path / "results/logs/train/cpu"
+    killed = (logs / "segment-1.attempt1.log").read_text()
+    assert re.search(rf"exceeded memory limit \(\d+ > {1500 * 2**20}\), being killed", killed)
+    assert "cpu segment 1: 1 try ran out of memory: 3000 MB" in text
+    assert ("resumed from results/runs/cpu/work at epoch 1, batch 2\n" in
+            (logs / "segment-1.attempt2.log").read_text())
     row = summary_rows(tmp_path)["cpu"]
     assert (row["status"], row["try_ends"]) == ("ok", "completed 1, out of memory 1")
-    assert row["mem_requested_last_mb"] == "1600"
+    assert row["mem_requested_last_mb"] == "3000"

@@ -5,6 +5,7 @@ import re
 import pytest
 
 from conftest import assert_bit_identical, cli, snakemake, state_of
+from cifarflow import checkpoint as ckpt
 from test_slurm import CONFIG, freeze_training, job_state, slurm, start_long_segment, submitted
 
 pytestmark = pytest.mark.slurm
@@ -18,6 +19,7 @@ def test_a_rerun_after_the_controller_died_takes_over_the_live_job(tmp_path):
     an uninterrupted run."""
     proc, old = start_long_segment(tmp_path, epochs=4)
     freeze_training(old)
+    frozen = ckpt.read_manifest(tmp_path / "results/runs/cpu/work")  # its last save
     proc.kill()
     proc.communicate(timeout=60)
     assert job_state(old) == "RUNNING"  # the job outlived its controller
@@ -32,9 +34,14 @@ def test_a_rerun_after_the_controller_died_takes_over_the_live_job(tmp_path):
     assert (f"[takeover] cpu: Slurm job {old} (segment 1, attempt 1, of an earlier run of the "
             "workflow) still trains it: cancelling it, then resuming from its checkpoint") in log
     assert re.search(rf"\[takeover\] cpu: Slurm job {old} ended after [\d.]+ s", log)
-    # the cancelled job checkpointed at its next batch (SIGTERM), and the rerun went on there
-    resumed = re.search(r"resumed from results/runs/cpu/work at epoch (\d+), batch (\d+)", log)
-    assert resumed and (resumed[1], resumed[2]) != ("1", "0"), log[-3000:]
+    # the cancelled job checkpointed at its next batch (SIGTERM): past the save it was
+    # frozen after; the new try resumed at exactly that batch
+    runs = ckpt.read_manifest(tmp_path / "results/runs/cpu/segment-1")["segment_runs"]
+    [stop] = [r for r in runs if r["slurm_job_id"] == old]
+    assert stop["stopped"] == "signal SIGTERM", stop
+    assert (stop["epoch"], stop["step"]) > (frozen["epoch"], frozen["step"]), (stop, frozen)
+    assert (f"resumed from results/runs/cpu/work at epoch {stop['epoch'] + 1}, batch "
+            f"{stop['step']}\n") in log, log[-3000:]
     cli("train", "--spec", tmp_path / "results/runs/cpu/spec.json", "--data",
         tmp_path / "results/data/cifar-10-batches-py", "--out", tmp_path / "reference",
         "--threads", 1, timeout=900)

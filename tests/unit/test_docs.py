@@ -38,3 +38,17 @@ def test_readme_is_short_and_every_local_link_resolves():
         for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", doc.read_text()):
             if not target.startswith("http"):
                 assert (doc.parent / target).exists(), f"{doc.name}: {target}"
+
+
+def test_every_test_the_docs_name_exists():
+    """docs/*.md and tests/README.md prove their claims by naming tests: each named file
+    exists, and each named test is defined in it."""
+    named = 0
+    for doc in [ROOT / "README.md", *ROOT.glob("docs/*.md"), ROOT / "tests/README.md"]:
+        for path, test in re.findall(r"`(tests/[\w/]+\.py)(?:::(\w+))?`", doc.read_text()):
+            named += 1
+            assert (ROOT / path).is_file(), f"{doc.name} names {path}: no such file"
+            if test:
+                assert re.search(rf"^def {test}\(", (ROOT / path).read_text(), re.M), \
+                    f"{doc.name} names {path}::{test}: not defined there"
+    assert named > 20

@@ -54,6 +54,11 @@ def test_a_missing_previous_segment_or_a_changed_config_is_refused(tmp_path):
     work = checkpoint(tmp_path / "work", epoch=1, step=3, cfg=other)
     d = decide(CFG, 2, tmp_path / "segment-1", None, work)
     assert d.choice is Choice.REFUSED and "the training config changed (lr:" in str(d.error)
+    prev = checkpoint(tmp_path / "run" / "segment-1", epoch=1, cfg=other)  # a segment too
+    d = decide(CFG, 2, tmp_path / "run" / "segment-2", prev, None)
+    assert d.choice is Choice.REFUSED and str(d.error).startswith(
+        f"refusing to resume from {prev}: the training config changed (lr: {other.lr} -> "
+        f"{CFG.lr}). Restore the config, or delete {tmp_path / 'run'} to train this run")
 
 
 def test_elastic_changes_world_size_only_at_an_epoch_boundary(tmp_path):

@@ -63,8 +63,12 @@ def compatible(cfg, manifest: dict, directory: Path, what) -> int | None:
 def decide(cfg, until_epoch: int, out_dir: Path, resume_dir: Path | None,
            work_dir: Path | None,
            read: Callable[[Path], dict] = ckpt.read_manifest) -> Decision:
-    """The checkpoint this segment starts from (rank 0 decides; nothing is loaded)."""
+    """The checkpoint this segment starts from (rank 0 decides; nothing is loaded). A
+    checkpoint whose writer died between publish's renames is put back first."""
     found, notes = [], []
+    for directory in (resume_dir, work_dir):
+        if directory is not None:
+            ckpt.recover(directory)
     run_dir = out_dir.parent
     try:
         if resume_dir is not None:
