@@ -77,7 +77,8 @@ def test_partial_summary_of_a_thousand_run_sweep(tmp_path):
 def finished_run(tmp_path_factory, case: str) -> Path:
     """A real local run of tests/configs/<case>, in its own working directory."""
     work = tmp_path_factory.mktemp(case)
-    snakemake(work, "--cores", 2, configfile=CONFIGS / case / "config.yaml")
+    out = snakemake(work, "--cores", 2, configfile=CONFIGS / case / "config.yaml")
+    (work / "snakemake.out").write_text(out.stdout + out.stderr)
     return work
 
 
@@ -193,6 +194,17 @@ def test_sweep_yields_one_row_per_combination(sweep_run):
     assert all(size > 5000 for size in plots.values())
     advice = (sweep_run / "results/advice.md").read_text()
     assert "best throughput per core" in advice
+
+
+def test_sweep_prints_its_progress(sweep_run):
+    """progress_s: 1 (the test config): lines of the plan's runs and segments, while it
+    trained, counts that only grow, the time left once a segment finished."""
+    printed = (sweep_run / "snakemake.out").read_text()
+    found = [(int(runs), int(segments), left) for runs, segments, left in re.findall(
+        r"progress: (\d) of 4 runs done, (\d) of 4 segments(; about \S+ left)?", printed)]
+    assert found, printed[-3000:]
+    assert found == sorted(found) and all(runs <= segments for runs, segments, _ in found)
+    assert all(left for runs, segments, left in found if 0 < segments < 4)
 
 
 def test_make_run_ends_with_the_results_at_a_glance(sweep_run, tmp_path):

@@ -36,6 +36,7 @@ from cifarflow.plan import build_packs, build_runs, check_user_models  # noqa: E
 from cifarflow.chain import Chain  # noqa: E402
 from cifarflow.config import data_identity  # noqa: E402
 from cifarflow.pending import PendingWatch  # noqa: E402
+from cifarflow.progress import watch_progress  # noqa: E402
 from cifarflow.layout import RunPaths, pack_marker, segment_number  # noqa: E402
 from cifarflow.limits import (
     check_fit,
@@ -423,6 +424,7 @@ if workflow.is_main_process:  # looks at squeue once Snakemake submits to Slurm
         config["slurm"]["pending_check_s"],
         active=lambda: workflow.non_local_exec and not workflow.dryrun,
     ).start()
+    watch_progress(RESULTS, CHAIN, logger.info, config["progress_s"], lambda: not workflow.dryrun)
 
 
 def final_segment(run):
