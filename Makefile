@@ -21,9 +21,9 @@ $(DEV_STAMP): $(STAMP) requirements-dev.txt
 	$(PY) -m pip install -q -r requirements-dev.txt
 	touch $(DEV_STAMP)
 
-run: $(STAMP)  ## train the offline demo (synthetic data, cpu) and summarise it
+run: $(STAMP)  ## train the offline demo (synthetic data, cpu), then show the results at a glance
 	$(VENV)/bin/snakemake --profile profiles/local
-	@echo; cat results/summary.csv; echo; cat results/advice.md
+	@echo; $(VENV)/bin/cifarflow show results
 
 dry-run: $(STAMP)
 	$(VENV)/bin/snakemake -n

@@ -18,10 +18,33 @@ COLUMNS = ["run", "strategy", "device", "model", "batch_size", "world_size", "cp
            "pruned_at", "resized",
            "fallbacks", "cpu_efficiency", "mem_used_mb", "mem_requested_mb", "runtime_used_min",
            "runtime_requested_min", "mem_requested_last_mb", "runtime_requested_last_min",
-           "queue_wait_s", "last_ended", "try_ends"]
+           "queue_wait_s", "last_ended", "try_ends", "advice"]
 MARGIN = 1.25  # what to request next time: the measured peak plus a quarter
 MAX_BARS, MAX_LEGEND = 50, 20  # plots of big sweeps stay readable
 FINISHED = ("ok", "early_stopped")  # runs that trained to their end (early_stop's included)
+
+
+class Tip(str):
+    """One line of the advice, and the runs it is about (summary.csv's `advice` column)."""
+
+    runs: tuple = ()
+
+    def __new__(cls, text: str, *runs: str) -> "Tip":
+        tip = super().__new__(cls, text)
+        tip.runs = runs
+        return tip
+
+
+def advice_per_run(tips: list[str]) -> dict[str, str]:
+    """Each run's tips, the one it leads first, without its name in front: the verdict
+    `cifarflow show` prints beside the run. Tips about a request or a strategy stay out."""
+    found: dict[str, list[str]] = {}
+    for tip in tips:
+        for run in getattr(tip, "runs", ()):
+            found.setdefault(run, []).append(tip)
+    return {run: " | ".join(t.removeprefix(f"{run}: ") for t in
+                            sorted(own, key=lambda t: not t.startswith(f"{run}: ")))
+            for run, own in found.items()}
 
 
 def summarize_run(name: str, run: dict) -> dict:
@@ -152,17 +175,19 @@ def bf16_advice(df, cpu: dict | None) -> list[str]:
         if not twin.empty:
             gain = twin.images_per_sec.max() / row.images_per_sec
             if gain > 1.05:
-                tips.append(f"{row.run}: this CPU computes bf16 natively ({native}); "
-                            f"{twin.loc[twin.images_per_sec.idxmax()].run} with amp bf16 trained "
-                            f"x{gain:.2f} faster here: set train.amp: bf16 (or auto)")
+                tips.append(Tip(f"{row.run}: this CPU computes bf16 natively ({native}); "
+                                f"{twin.loc[twin.images_per_sec.idxmax()].run} with amp bf16 "
+                                f"trained x{gain:.2f} faster here: set train.amp: bf16 (or auto)",
+                                row.run))
             continue
         bench = BF16_BENCH.get(cpu.get("model"))
         if bench and bench[0] == row.model:
             model, batch, threads, none_ips, bf16_ips = bench
-            tips.append(f"{row.run}: this CPU ({cpu['model']}) computes bf16 natively ({native}); "
-                        f"bench/ measured {model} batch {batch} on {threads} threads x"
-                        f"{bf16_ips / none_ips:.2f} faster with amp bf16 ({none_ips:,.0f} -> "
-                        f"{bf16_ips:,.0f} images/s): try train.amp: bf16 (or auto)")
+            tips.append(Tip(f"{row.run}: this CPU ({cpu['model']}) computes bf16 natively "
+                            f"({native}); bench/ measured {model} batch {batch} on {threads} "
+                            f"threads x{bf16_ips / none_ips:.2f} faster with amp bf16 "
+                            f"({none_ips:,.0f} -> {bf16_ips:,.0f} images/s): try train.amp: "
+                            "bf16 (or auto)", row.run))
     return tips
 
 
@@ -174,32 +199,34 @@ def advice(df, cpu_info: dict | None = None) -> list[str]:
     if ok.empty:
         return ["no finished runs to advise on"]
     best = ok.loc[ok.images_per_sec.idxmax()]
-    tips.append(f"fastest run: {best.run} at {best.images_per_sec:,.0f} images/s")
+    tips.append(Tip(f"fastest run: {best.run} at {best.images_per_sec:,.0f} images/s", best.run))
     eff = ok.loc[ok.images_per_sec_per_core.idxmax()]
-    tips.append(f"best throughput per core: {eff.run} ({eff.images_per_sec_per_core:,.0f} "
-                "images/s per core) - the cheapest way to spend an allocation")
+    tips.append(Tip(f"best throughput per core: {eff.run} ({eff.images_per_sec_per_core:,.0f} "
+                    "images/s per core) - the cheapest way to spend an allocation", eff.run))
     same = ["strategy", "model", "batch_size", "world_size"]  # all but the cores
     for key, group in ok.dropna(subset=["cpus_per_task"]).groupby(same):
         g = group.sort_values("cpus_per_task").drop_duplicates("cpus_per_task")
         for prev, cur in zip(g.itertuples(), list(g.itertuples())[1:]):
             gain = cur.images_per_sec / prev.images_per_sec
             if gain < 1 + 0.5 * (cur.cpus_per_task / prev.cpus_per_task - 1):
-                tips.append(f"{cur.run}: {prev.cpus_per_task} -> {cur.cpus_per_task} cpus gives "
-                            f"only x{gain:.2f}: adding cores stops paying there")
+                tips.append(Tip(f"{cur.run}: {prev.cpus_per_task} -> {cur.cpus_per_task} cpus "
+                                f"gives only x{gain:.2f}: adding cores stops paying there",
+                                cur.run))
                 break
     cpu = ok[ok.device == "cpu"]
     for row in ok[ok.device == "cuda"].itertuples():
         if not cpu.empty and row.images_per_sec < cpu.images_per_sec.max():
-            tips.append(f"{row.run} is slower than the best CPU run: this model does not need a GPU")
+            tips.append(Tip(f"{row.run} is slower than the best CPU run: this model does not "
+                            "need a GPU", row.run))
         if row.gpu_util_pct is not None and row.gpu_util_pct < 50:
-            tips.append(f"{row.run} uses the GPU only {row.gpu_util_pct:.0f}% of the time: "
-                        "share it with MPS replicas or use a CPU job")
+            tips.append(Tip(f"{row.run} uses the GPU only {row.gpu_util_pct:.0f}% of the time: "
+                            "share it with MPS replicas or use a CPU job", row.run))
     tips += bf16_advice(df, cpu_info)
     tips += request_advice(df)
     tips += pruning_advice(df)
     tips += plateau_advice(df)
     for row in df[~df.status.isin([*FINISHED, "pruned"])].itertuples():
-        tips.append(f"{row.run}: {row.status} (see results/logs/train/{row.run}/)")
+        tips.append(Tip(f"{row.run}: {row.status} (see results/logs/train/{row.run}/)", row.run))
     return tips
 
 
@@ -211,11 +238,11 @@ def plateau_advice(df) -> list[str]:
         if isinstance(getattr(row, "plateau", None), str) and row.plateau:
             stopped = (f", ended by train.early_stop at epoch {row.epochs} of "
                        f"{row.epochs_planned}" if row.status == "early_stopped" else "")
-            tips.append(f"{row.run}: stopped learning: {row.plateau}{stopped}. "
-                        f"{hint_for(row.model)}")
+            tips.append(Tip(f"{row.run}: stopped learning: {row.plateau}{stopped}. "
+                            f"{hint_for(row.model)}", row.run))
         elif row.status == "early_stopped":
-            tips.append(f"{row.run}: {row.early_stop}, at epoch {row.epochs} of "
-                        f"{row.epochs_planned}")
+            tips.append(Tip(f"{row.run}: {row.early_stop}, at epoch {row.epochs} of "
+                            f"{row.epochs_planned}", row.run))
     return tips
 
 
@@ -236,7 +263,8 @@ def pruning_advice(df) -> list[str]:
                     "not run")
         if not finished.empty:
             win = finished.sort_values(["test_acc", "run"], ascending=[False, True]).iloc[0]
-            tips.append(f"{strategy}: winner {win.run}, test accuracy {win.test_acc:.3f}")
+            tips.append(Tip(f"{strategy}: winner {win.run}, test accuracy {win.test_acc:.3f}",
+                            win.run))
     return tips
 
 
@@ -388,12 +416,13 @@ def aggregate(runs: dict, out_dir: Path, plots_dir: Path, keep_missing: bool = F
     df = pd.DataFrame(rows)
     extra = [c for c in df.columns if c not in COLUMNS]
     df = df.reindex(columns=COLUMNS + extra)
+    env = json.loads(environment.read_text()) if environment and environment.is_file() else {}
+    tips = advice(df, env.get("cpu"))
+    df["advice"] = df.run.map(advice_per_run(tips))
     df.to_csv(out_dir / "summary.csv", index=False, float_format="%.6g")
     histories = {r["run"]: read_jsonl(runs[r["run"]]["metrics"])
                  for r in rows if r["status"] in (*FINISHED, "incomplete", "pruned")}
     plot_all(df, histories, plots_dir)
-    env = json.loads(environment.read_text()) if environment and environment.is_file() else {}
-    tips = advice(df, env.get("cpu"))
     scaling = scaling_table(df)
     lines = ["# Advice", ""] + [f"- {t}" for t in tips]
     if not scaling.empty:

@@ -112,6 +112,12 @@ def cmd_aggregate(a) -> None:
               keep_missing=a.keep_missing, environment=Path(a.env) if a.env else None)
 
 
+def cmd_show(a) -> None:
+    from .show import show
+
+    print(show(Path(a.results), top=a.top))
+
+
 def cmd_mps_run(a) -> None:
     from .mps_daemon import run_with_mps
 
@@ -196,6 +202,13 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--env", default=None, help="environment.json (record-env): the CPU's "
                    "features, for the bf16 advice")
     g.set_defaults(func=cmd_aggregate)
+
+    s = sub.add_parser("show", help="the results at a glance: run, strategy, test_acc, "
+                       "images/s, wall, status and the advice's verdict, best first")
+    s.add_argument("results", nargs="?", default="results", help="the results directory (or "
+                   "results/partial, or a summary.csv)")
+    s.add_argument("--top", type=int, default=20, help="runs shown, most accurate first (0: all)")
+    s.set_defaults(func=cmd_show)
 
     sub.add_parser("launch", help="start N ranks with srun (Slurm) or torchrun: "
                    "launch --nproc N [--self-spawning] -- COMMAND")

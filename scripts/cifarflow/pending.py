@@ -84,10 +84,24 @@ class PendingWatch:
         return lines
 
     def start(self) -> "PendingWatch":
-        def loop():
-            while not self.stopped.wait(self.interval_s):
-                if self.active():
-                    self.poll()
-
-        threading.Thread(target=loop, name="cifarflow-pending-watch", daemon=True).start()
+        every(self.interval_s, self.poll, self.active, "cifarflow-pending-watch", self.stopped)
         return self
+
+
+def every(interval_s: float, look: Callable[[], object], active: Callable[[], bool], name: str,
+          stopped: threading.Event | None = None, at_once: bool = False) -> threading.Thread:
+    """`look()` every `interval_s` seconds (and `at_once`) while `active()`, from a daemon
+    thread of the workflow's main process (it ends with the process, or when `stopped` is
+    set)."""
+    stopped = stopped or threading.Event()
+
+    def loop():
+        if at_once and active():
+            look()
+        while not stopped.wait(interval_s):
+            if active():
+                look()
+
+    thread = threading.Thread(target=loop, name=name, daemon=True)
+    thread.start()
+    return thread

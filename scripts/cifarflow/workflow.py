@@ -28,6 +28,7 @@ from .layout import RunPaths, pack_marker, segment_number, try_args
 from .config import data_identity
 from .limits import check_fit, check_plan, job_shapes, read_limits, read_partitions
 from .pending import PendingWatch
+from .progress import watch_progress
 from .plan import Pack, Run, build_packs, build_runs, check_user_models
 from .strategies import get_strategy
 from .strategies.base import gpu_request
@@ -199,11 +200,13 @@ class WorkflowPlan:
 
     # ---- once, in the main process ------------------------------------------------------
     def start_main_process(self, workdir: str = ".", on_slurm: Callable[[], bool] = lambda: False,
+                           training: Callable[[], bool] = lambda: False,
                            environ=os.environ) -> None:
         """What only the process that plans does (not every job again): mark this run of the
         workflow (which tries of a segment are its own), fix Snakemake, check the user's
-        models (imports torch), write the run specs, say what the plan submits, and watch
-        for jobs pending forever while ``on_slurm()`` (it submits to Slurm, for real)."""
+        models (imports torch), write the run specs, say what the plan submits, watch for
+        jobs pending forever while ``on_slurm()`` (it submits to Slurm, for real) and say
+        how far the plan got while ``training()`` (not a dry run)."""
         environ[INVOCATION] = f"{time.time():.0f}.{os.getpid()}"
         from .snakemake_fixes import keep_restarted_jobs_ready
 
@@ -218,6 +221,8 @@ class WorkflowPlan:
         self.pending_watch = PendingWatch(workdir, self.log.warning,
                                           self.config["slurm"]["pending_check_s"],
                                           active=on_slurm).start()
+        self.progress_watch = watch_progress(self.results, self.chain, self.log.info,
+                                             self.config["progress_s"], training)
 
     def write_specs(self) -> None:
         """The run's typed config, handed to every segment as one file (spec.json), written

@@ -20,8 +20,8 @@ from packaging.utils import canonicalize_name
 from conftest import ENV, PY, ROOT, snakemake, spec
 from cifarflow.job_env import keep_slurm_job_values, put_engine_first
 
-SUBCOMMANDS = ("fetch-data", "extract-data", "train", "record-env", "aggregate", "launch",
-               "mps-run")
+SUBCOMMANDS = ("fetch-data", "extract-data", "train", "record-env", "aggregate", "show",
+               "launch", "mps-run")
 
 
 def project_copy(tmp_path: Path) -> Path:
@@ -250,6 +250,7 @@ README_COMMANDS = {  # the README's everyday commands -> distributions they impo
     "snakemake --report": {"snakemake", "pygments", "jinja2", "docutils"},
     "snakemake summarize_partial": {"snakemake", "pandas", "matplotlib", "tabulate"},
     "make tensorboard": {"tensorboard"},
+    "cifarflow show": {"pandas"},
 }
 
 
@@ -281,6 +282,7 @@ def test_every_readme_command_runs_in_an_environment_of_requirements_txt_alone(t
     assert_help_lists_every_command(run(["cifarflow", "--help"], env=env))
     assert "Nothing to be done" not in run([*smk, "-n"], env=env).stdout
     run([*smk, "--cores", "2"], env=env, timeout=600)
+    assert run(["cifarflow", "show", work / "results"], env=env).stdout.startswith("1 run: 1 ok")
     run([*smk, "--report", work / "results/report.html"], env=env, timeout=300)
     assert (work / "results/report.html").stat().st_size > 10_000
     run([*smk, "--cores", "1", "summarize_partial"], env=env, timeout=300)

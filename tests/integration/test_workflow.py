@@ -78,7 +78,8 @@ def test_partial_summary_of_a_thousand_run_sweep(tmp_path):
 def finished_run(tmp_path_factory, case: str) -> Path:
     """A real local run of tests/configs/<case>, in its own working directory."""
     work = tmp_path_factory.mktemp(case)
-    snakemake(work, "--cores", 2, configfile=CONFIGS / case / "config.yaml")
+    out = snakemake(work, "--cores", 2, configfile=CONFIGS / case / "config.yaml")
+    (work / "snakemake.out").write_text(out.stdout + out.stderr)
     return work
 
 
@@ -209,6 +210,86 @@ def test_sweep_yields_one_row_per_combination(sweep_run):
     assert all(size > 5000 for size in plots.values())
     advice = (sweep_run / "results/advice.md").read_text()
     assert "best throughput per core" in advice
+
+
+def test_sweep_prints_its_progress(sweep_run):
+    """progress_s: 1 (the test config): lines of the plan's runs and segments, while it
+    trained, counts that only grow, the time left once a segment finished."""
+    printed = (sweep_run / "snakemake.out").read_text()
+    found = [(int(runs), int(segments), left) for runs, segments, left in re.findall(
+        r"progress: (\d) of 4 runs done, (\d) of 4 segments(; about \S+ left)?", printed)]
+    assert found, printed[-3000:]
+    assert found == sorted(found) and all(runs <= segments for runs, segments, _ in found)
+    assert all(left for runs, segments, left in found if 0 < segments < 4)
+
+
+def test_make_run_ends_with_the_results_at_a_glance(sweep_run, tmp_path):
+    """The Makefile's `run` recipe, as make runs it (with this venv's commands), on a real
+    sweep's results: the table, best test accuracy first, and where everything else is."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / ".installed").touch()  # newer than the requirements: make installs nothing
+    recipe = subprocess.run(["make", "-n", "-C", str(ROOT), "run", f"VENV={venv}"],
+                            capture_output=True, text=True, check=True).stdout
+    show = [line for line in recipe.splitlines() if "cifarflow show" in line]
+    assert len(show) == 1, recipe
+    command = show[0].replace(f"{venv}/bin/", f"{Path(PY).parent}/")
+    out = subprocess.run(command, shell=True, cwd=sweep_run, env={**ENV, "COLUMNS": "150"},
+                         capture_output=True, text=True, check=True).stdout
+    lines = out.strip().splitlines()
+    rows = read_summary(sweep_run / "results/summary.csv")
+    assert lines[0] == "4 runs: 4 ok"
+    assert lines[2].split() == ["run", "strategy", "test_acc", "images/s", "wall", "status",
+                                "advice"]
+    best_first = sorted(rows, key=lambda r: (-float(r["test_acc"]), r["run"]))
+    table = [line.split() for line in lines[3:7]]
+    assert [t[0] for t in table] == [r["run"] for r in best_first]
+    assert [t[2] for t in table] == [f"{float(r['test_acc']):.3f}" for r in best_first]
+    assert [t[5] for t in table] == ["ok"] * 4
+    fastest = re.search(r"- fastest run: (\S+) at", (sweep_run / "results/advice.md")
+                        .read_text()).group(1)
+    assert "fastest run" in lines[3 + [r["run"] for r in best_first].index(fastest)]
+    assert all(len(line) <= 150 for line in lines)
+    assert f"full table ({len(rows[0])} columns): results/summary.csv" in lines
+    assert "advice: results/advice.md" in lines
+    assert any(line.startswith("plots:  results/plots/ (") and "curves.png" in line
+               for line in lines)
+    assert any("snakemake --report results/report.html" in line for line in lines)
+
+
+def test_show_keeps_a_300_run_sweep_readable(sweep_run, tmp_path, monkeypatch):
+    """The sweep's runs.json, as the workflow wrote it, 75 times over (8 runs without
+    metrics): the aggregate code's summary.csv, then the 20 most accurate runs, a count of
+    the rest and of each status."""
+    from cifarflow.aggregate import aggregate
+    from cifarflow.show import show
+
+    monkeypatch.chdir(sweep_run)  # runs.json holds paths relative to the workflow
+    runs = json.loads(Path("results/runs.json").read_text())
+    big = {f"{name}_r{i:02d}": dict(run, metrics=run["metrics"] if i < 73 else None)
+           for i in range(75) for name, run in runs.items()}
+    aggregate(big, tmp_path / "big", tmp_path / "big/plots", keep_missing=True)
+    text = show(tmp_path / "big", top=20, width=120)
+    lines = text.splitlines()
+    assert lines[0] == "300 runs: 292 ok, 8 missing; the 20 most accurate:"
+    table = [line.split() for line in lines[3:23]]
+    accuracies = [float(t[2]) for t in table]
+    assert accuracies == sorted(accuracies, reverse=True)
+    best = max(float(r["test_acc"]) for r in read_summary(tmp_path / "big/summary.csv")
+               if r["test_acc"])
+    assert accuracies[0] == round(best, 3)
+    assert lines[23] == f"... and 280 more (cifarflow show --top 0 {tmp_path / 'big'}: all)"
+    assert all(len(line) <= 120 for line in lines if str(tmp_path) not in line)
+    everything = show(tmp_path / "big", top=0, width=120).splitlines()
+    missing = [line for line in everything if line.startswith("cpu_") and " missing " in line]
+    assert len(missing) == 8 and all("see results/logs/train/" in line for line in missing)
+
+
+def test_show_without_results_says_how_to_get_them(tmp_path):
+    out = subprocess.run([PY, "-m", "cifarflow", "show", str(tmp_path / "results")], env=ENV,
+                         capture_output=True, text=True)
+    assert out.returncode == 2
+    assert "summary.csv: run the workflow first (make run" in out.stderr
 
 
 class VisibleText(HTMLParser):

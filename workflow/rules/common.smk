@@ -31,7 +31,9 @@ PLAN = WorkflowPlan.from_config(
 )
 if workflow.is_main_process:  # not in every job: specs, the user's models (torch), Slurm
     PLAN.start_main_process(
-        workflow.workdir_init, on_slurm=lambda: workflow.non_local_exec and not workflow.dryrun
+        workflow.workdir_init,
+        on_slurm=lambda: workflow.non_local_exec and not workflow.dryrun,
+        training=lambda: not workflow.dryrun,
     )
 
 RESULTS = PLAN.results
