@@ -194,6 +194,19 @@ def part_seed_vs_ours(batches: Path, reps: int, max_reps: int, deadline: float) 
     return res
 
 
+def part_amp(batches: Path, reps: int, max_reps: int, deadline: float) -> dict:
+    """CPU bf16: lenet, batch 512, 2 threads, amp none vs bf16 (autocast), this CPU's
+    features recorded beside the figures (bench/README.md, "CPU bf16")."""
+    from cifarflow.environment import cpu_features
+
+    res = measure({amp: (lambda amp=amp: ours_run(f"cpu_amp_{amp}", {"strategy": "cpu",
+                                                                     "amp": amp}, batches, 2))
+                   for amp in ("none", "bf16")}, reps, max_reps, deadline)
+    res["ratio_bf16_over_none"] = res["bf16"]["images_per_sec"] / res["none"]["images_per_sec"]
+    res["cpu"] = cpu_features()
+    return res
+
+
 def part_ddp(batches: Path, reps: int, max_reps: int, deadline: float) -> dict:
     spec = {"strategy": "ddp", "device": "cpu"}
     res = measure({"world1": lambda: ours_run("ddp_w1", {**spec, "world_size": 1}, batches, 2),
@@ -346,7 +359,18 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=2, help="runs per measurement (best kept)")
     ap.add_argument("--max-reps", type=int, default=None,
                     help="extra runs while contended, time allowing (default: 3 quick, 4 full)")
+    ap.add_argument("--amp-only", action="store_true", help="only CPU bf16 against none "
+                    "(lenet, batch 512, 2 threads); writes bench/out/amp.json")
     a = ap.parse_args()
+    if a.amp_only:
+        t0 = time.time()
+        res = part_amp(make_data(6000 if a.quick else 20000), a.reps, max(a.reps, a.max_reps or 4),
+                       t0 + 600)
+        OUT.mkdir(parents=True, exist_ok=True)
+        (OUT / "amp.json").write_text(json.dumps(res, indent=2))
+        print(json.dumps({k: res[k] for k in ("ratio_bf16_over_none", "cpu")}), {
+            k: (res[k]["images_per_sec"], res[k]["all"], res[k]["all_busy"]) for k in ("none", "bf16")})
+        return
     n_train = 6000 if a.quick else 20000
     reps = a.reps
     max_reps = max(reps, a.max_reps or (3 if a.quick else 4))

@@ -3,6 +3,7 @@ CLI, torchrun and snakemake as subprocesses."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -39,8 +40,29 @@ def cifar_dir(tmp_path_factory) -> Path:
     fetch + extract path."""
     root = tmp_path_factory.mktemp("data")
     archive = data.prepare_archive("synthetic", root, synthetic=SYNTHETIC)
-    data.verify_archive(archive, data.expected_md5(archive, data.CIFAR_MD5))
+    data.verify_archive(archive, data.expected_md5(archive, data.fetch_record(archive)["data_id"],
+                                                  data.CIFAR_MD5))
     return data.extract_archive(archive, root)
+
+
+@contextlib.contextmanager
+def served_tarball(root: Path, seed: int = 7, **sizes):
+    """A CIFAR-format tarball (other data than the synthetic default), extracted beside it,
+    served over HTTP by a local http.server: what data.source download fetches through the
+    real download code. Yields the tarball and its URL."""
+    import functools
+    import http.server
+    import threading
+
+    archive = data.prepare_archive("synthetic", root, synthetic={**sizes, "seed": seed})
+    data.extract_archive(archive, root)
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield archive, f"http://127.0.0.1:{server.server_address[1]}/{data.ARCHIVE_NAME}"
+    finally:
+        server.shutdown()
 
 
 def cli(*args, check=True, timeout=600, env=None, **kw) -> subprocess.CompletedProcess:

@@ -6,18 +6,22 @@ import json
 from collections import Counter
 from pathlib import Path
 
+from .early_stop import EarlyStop, hint_for
 from .tries import tries_of
 
 COLUMNS = ["run", "strategy", "device", "model", "batch_size", "world_size", "cpus_per_task",
-           "epochs",
+           "epochs", "amp",
            "images_per_sec", "images_per_sec_per_core", "train_loss", "test_acc", "wall_s",
            "epoch_s", "peak_mem_mb", "gpu_util_pct", "segments", "attempts", "requeues",
-           "early_stops", "slurm_job_ids", "hosts", "status", "pruned_at", "resized",
+           "early_stops", "slurm_job_ids", "hosts", "status", "early_stop", "plateau",
+           "pruned_at", "resized",
            "fallbacks", "cpu_efficiency", "mem_used_mb", "mem_requested_mb", "runtime_used_min",
            "runtime_requested_min", "mem_requested_last_mb", "runtime_requested_last_min",
            "queue_wait_s", "last_ended", "try_ends"]
 MARGIN = 1.25  # what to request next time: the measured peak plus a quarter
 MAX_BARS, MAX_LEGEND = 50, 20  # plots of big sweeps stay readable
+DIVERGED = "diverged"  # the early-end reason of a fused member whose loss turned NaN/inf
+FINISHED = ("ok", "early_stopped")  # runs that trained to their end (early_stop's included)
 
 
 def load_history(path: Path) -> list[dict]:
@@ -55,13 +59,19 @@ def summarize_run(name: str, run: dict) -> dict:
     if not history:
         return {**row, "status": "empty"}
     last = history[-1]
+    row["early_stop"] = meta.get("early_stop", "")
+    if spec.get("early_stop"):
+        stopping = EarlyStop.of(spec["early_stop"], spec["model"])
+        flat = stopping.loss_plateau(history)
+        row["plateau"] = flat.describe() if flat else ""
     timed = history[1:] or history  # epoch 1 includes warm-up
     ips = sum(h["images_per_sec"] for h in timed) / len(timed)
     cores = (res.get("cpus_per_task") or 1) * row["world_size"]
     util = [h["gpu_util_pct"] for h in history if h.get("gpu_util_pct") is not None]
     jobs = sorted({h.get("slurm_job_id") for h in history if h.get("slurm_job_id")})
     hosts = sorted({host for h in history for host in h.get("hosts", [])})
-    return {**row, "epochs": last["epoch"], "images_per_sec": ips,
+    return {**row, "epochs": last["epoch"], "amp": last.get("amp", spec.get("amp")),
+            "images_per_sec": ips,
             "images_per_sec_per_core": ips / cores, "train_loss": last["train_loss"],
             "test_acc": last["test_acc"], "wall_s": sum(h["wall_s"] for h in history),
             "epoch_s": sum(h["wall_s"] for h in timed) / len(timed),
@@ -70,7 +80,9 @@ def summarize_run(name: str, run: dict) -> dict:
             "segments": run.get("segments"), "slurm_job_ids": " ".join(jobs),
             "hosts": " ".join(hosts),
             "status": ("pruned" if run.get("pruned_at") else
-                       "ok" if last["epoch"] >= spec["epochs"] else "incomplete"),
+                       "ok" if last["epoch"] >= spec["epochs"] else
+                       "diverged" if str(row["early_stop"]).startswith(DIVERGED) else
+                       "early_stopped" if row["early_stop"] else "incomplete"),
             "pruned_at": run.get("pruned_at"), "cores": cores}
 
 
@@ -123,9 +135,46 @@ def request_advice(df) -> list[str]:
     return tips
 
 
-def advice(df) -> list[str]:
-    """Recommendations in the seed's spirit, computed from the measurements."""
-    ok = df[df.status == "ok"]
+# CPU bf16 measured with `bench/bench.py --amp-only` (bench/README.md, "CPU bf16"): the CPU
+# model it ran on -> (model, batch size, threads, images/s amp none, images/s amp bf16).
+# Empty: the one measurement so far ran on a contended box (bench/README.md); only an
+# uncontended figure belongs here. Until then the advice uses a bf16 run of the sweep.
+BF16_BENCH: dict[str, tuple] = {}
+
+
+def bf16_advice(df, cpu: dict | None) -> list[str]:
+    """Runs in float32 on a CPU that computes bf16 natively (AMX, AVX512-BF16): how much
+    faster bf16 was, measured by a run of this sweep that used it (same strategy, model,
+    batch and cores), else by bench/ on this CPU model; nothing unmeasured is promised."""
+    if not cpu or not cpu.get("bf16_native") or "amp" not in df:
+        return []
+    ok = df[df.status.isin(FINISHED) & (df.device == "cpu")]
+    same = ["strategy", "model", "batch_size", "cpus_per_task"]
+    tips = []
+    for row in ok[ok.amp == "none"].itertuples():
+        twin = ok[(ok.amp == "bf16") & (ok[same] == [getattr(row, k) for k in same]).all(axis=1)]
+        native = "/".join(f for f in cpu.get("flags", []) if f in ("amx_bf16", "avx512_bf16"))
+        if not twin.empty:
+            gain = twin.images_per_sec.max() / row.images_per_sec
+            if gain > 1.05:
+                tips.append(f"{row.run}: this CPU computes bf16 natively ({native}); "
+                            f"{twin.loc[twin.images_per_sec.idxmax()].run} with amp bf16 trained "
+                            f"x{gain:.2f} faster here: set train.amp: bf16 (or auto)")
+            continue
+        bench = BF16_BENCH.get(cpu.get("model"))
+        if bench and bench[0] == row.model:
+            model, batch, threads, none_ips, bf16_ips = bench
+            tips.append(f"{row.run}: this CPU ({cpu['model']}) computes bf16 natively ({native}); "
+                        f"bench/ measured {model} batch {batch} on {threads} threads x"
+                        f"{bf16_ips / none_ips:.2f} faster with amp bf16 ({none_ips:,.0f} -> "
+                        f"{bf16_ips:,.0f} images/s): try train.amp: bf16 (or auto)")
+    return tips
+
+
+def advice(df, cpu_info: dict | None = None) -> list[str]:
+    """Recommendations in the seed's spirit, computed from the measurements; ``cpu_info``:
+    the environment's CPU features (environment.cpu_features)."""
+    ok = df[df.status.isin(FINISHED)]
     tips = []
     if ok.empty:
         return ["no finished runs to advise on"]
@@ -150,10 +199,28 @@ def advice(df) -> list[str]:
         if row.gpu_util_pct is not None and row.gpu_util_pct < 50:
             tips.append(f"{row.run} uses the GPU only {row.gpu_util_pct:.0f}% of the time: "
                         "share it with MPS replicas or use a CPU job")
+    tips += bf16_advice(df, cpu_info)
     tips += request_advice(df)
     tips += pruning_advice(df)
-    for row in df[~df.status.isin(["ok", "pruned"])].itertuples():
+    tips += plateau_advice(df)
+    for row in df[~df.status.isin([*FINISHED, "pruned"])].itertuples():
         tips.append(f"{row.run}: {row.status} (see results/logs/train/{row.run}/)")
+    return tips
+
+
+def plateau_advice(df) -> list[str]:
+    """Runs whose loss stopped moving (train.early_stop's patience, on or off), with the
+    reason a known model does so and what to try; runs early_stop ended."""
+    tips = []
+    for row in df.itertuples():
+        if isinstance(getattr(row, "plateau", None), str) and row.plateau:
+            stopped = (f", ended by train.early_stop at epoch {row.epochs} of "
+                       f"{row.epochs_planned}" if row.status == "early_stopped" else "")
+            tips.append(f"{row.run}: stopped learning: {row.plateau}{stopped}. "
+                        f"{hint_for(row.model)}")
+        elif row.status == "early_stopped":
+            tips.append(f"{row.run}: {row.early_stop}, at epoch {row.epochs} of "
+                        f"{row.epochs_planned}")
     return tips
 
 
@@ -162,7 +229,7 @@ def pruning_advice(df) -> list[str]:
     (the pruned runs' remaining epochs at their own measured epoch time)."""
     tips = []
     for strategy, group in df.groupby("strategy"):
-        pruned, finished = group[group.status == "pruned"], group[group.status == "ok"]
+        pruned, finished = group[group.status == "pruned"], group[group.status.isin(FINISHED)]
         if pruned.empty:
             continue
         left = pruned.epochs_planned - pruned.epochs
@@ -183,7 +250,7 @@ def scaling_table(df):
     import pandas as pd
 
     rows = []
-    ok = df[df.status == "ok"]
+    ok = df[df.status.isin(FINISHED)]
     for strategy, group in ok.groupby("strategy"):
         g = group.sort_values("world_size")
         if g.world_size.nunique() < 2:
@@ -222,7 +289,7 @@ def plot_all(df, histories: dict, out_dir: Path) -> dict:
     import matplotlib.pyplot as plt
 
     paths = {}
-    shown = df[df.status.isin(["ok", "pruned"])]
+    shown = df[df.status.isin([*FINISHED, "pruned"])]
     if len(shown) > MAX_BARS:  # a big sweep: its best runs, readable
         shown = shown.sort_values(["test_acc", "run"], ascending=[False, True]).head(MAX_BARS)
     shown = shown.iloc[::-1]  # first run at the top
@@ -231,7 +298,7 @@ def plot_all(df, histories: dict, out_dir: Path) -> dict:
     hatch = ["//" if s == "pruned" else "" for s in shown.status]
     a1.barh(shown.run, shown.images_per_sec, color="tab:blue", hatch=hatch, edgecolor="white")
     a1.set_xlabel("training images / s")
-    a1.set_title("throughput" if len(shown) == (df.status.isin(["ok", "pruned"])).sum()
+    a1.set_title("throughput" if len(shown) == (df.status.isin([*FINISHED, "pruned"])).sum()
                  else f"throughput, the {len(shown)} most accurate runs")
     a2.barh(shown.run, shown.test_acc, color="tab:green", hatch=hatch, edgecolor="white")
     a2.set_xlabel("test accuracy (hatched: pruned)" if "pruned" in set(shown.status)
@@ -312,13 +379,14 @@ def plot_all(df, histories: dict, out_dir: Path) -> dict:
     return paths
 
 
-def aggregate(runs: dict, out_dir: Path, plots_dir: Path, keep_missing: bool = False) -> None:
+def aggregate(runs: dict, out_dir: Path, plots_dir: Path, keep_missing: bool = False,
+              environment: Path | None = None) -> None:
     import pandas as pd
 
     out_dir.mkdir(parents=True, exist_ok=True)
     plots_dir.mkdir(parents=True, exist_ok=True)
     rows = [summarize_run(name, run) for name, run in runs.items()]
-    bad = [r["run"] for r in rows if r["status"] not in ("ok", "pruned")]
+    bad = [r["run"] for r in rows if r["status"] not in (*FINISHED, "pruned")]
     if bad and not keep_missing:
         raise ValueError(f"runs without complete metrics: {bad} (use --keep-going to "
                          "summarise what finished)")
@@ -327,9 +395,10 @@ def aggregate(runs: dict, out_dir: Path, plots_dir: Path, keep_missing: bool = F
     df = df.reindex(columns=COLUMNS + extra)
     df.to_csv(out_dir / "summary.csv", index=False, float_format="%.6g")
     histories = {r["run"]: load_history(runs[r["run"]]["metrics"])
-                 for r in rows if r["status"] in ("ok", "incomplete", "pruned")}
+                 for r in rows if r["status"] in (*FINISHED, "incomplete", "pruned")}
     plot_all(df, histories, plots_dir)
-    tips = advice(df)
+    env = json.loads(environment.read_text()) if environment and environment.is_file() else {}
+    tips = advice(df, env.get("cpu"))
     scaling = scaling_table(df)
     lines = ["# Advice", ""] + [f"- {t}" for t in tips]
     if not scaling.empty:

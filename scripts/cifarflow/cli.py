@@ -22,7 +22,7 @@ def cmd_fetch_data(a) -> None:
     synthetic = {k: getattr(a, k) for k in ("train_size", "test_size", "seed", "noise")
                  if getattr(a, k) is not None}
     path = data.prepare_archive(a.source, Path(a.out_dir), url=a.url, md5=a.md5,
-                                archive=a.archive, synthetic=synthetic)
+                                archive=a.archive, synthetic=synthetic, data_id=a.data_id)
     print(f"dataset archive ready: {path}")
 
 
@@ -30,7 +30,7 @@ def cmd_extract_data(a) -> None:
     from . import data
 
     archive = Path(a.archive)
-    data.verify_archive(archive, data.expected_md5(archive, a.md5))
+    data.verify_archive(archive, data.expected_md5(archive, a.data_id, a.md5))
     batches = data.extract_archive(archive, Path(a.out_dir))
     print(f"extracted and checked {batches}")
 
@@ -120,7 +120,7 @@ def cmd_aggregate(a) -> None:
 
     runs = json.loads(Path(a.runs).read_text())
     aggregate(runs, Path(a.out_dir), Path(a.plots_dir or Path(a.out_dir) / "plots"),
-              keep_missing=a.keep_missing)
+              keep_missing=a.keep_missing, environment=Path(a.env) if a.env else None)
 
 
 def cmd_mps_run(a) -> None:
@@ -145,11 +145,15 @@ def parser() -> argparse.ArgumentParser:
     f.add_argument("--test-size", type=int, help="synthetic: test images")
     f.add_argument("--seed", type=int, help="synthetic: generator seed")
     f.add_argument("--noise", type=float, help="synthetic: pixel noise (fraction of 255)")
+    f.add_argument("--data-id", default=None, help="the config's data id, recorded beside the "
+                   "tarball (default: computed from these options)")
     f.set_defaults(func=cmd_fetch_data)
 
     e = sub.add_parser("extract-data", help="verify and extract the tarball")
     e.add_argument("--archive", required=True)
     e.add_argument("--md5", default=CIFAR_MD5)
+    e.add_argument("--data-id", required=True, help="the config's data id: the tarball must "
+                   "have been fetched for it (a md5, or synthetic-<hash of its parameters>)")
     e.add_argument("--out-dir", required=True)
     e.set_defaults(func=cmd_extract_data)
 
@@ -218,6 +222,8 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--out-dir", required=True)
     g.add_argument("--plots-dir", default=None)
     g.add_argument("--keep-missing", action="store_true")
+    g.add_argument("--env", default=None, help="environment.json (record-env): the CPU's "
+                   "features, for the bf16 advice")
     g.set_defaults(func=cmd_aggregate)
 
     sub.add_parser("launch", help="start N ranks with srun (Slurm) or torchrun: "

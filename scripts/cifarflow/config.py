@@ -17,7 +17,10 @@ from pathlib import Path
 SCHEMA = Path(__file__).resolve().parents[2] / "workflow" / "schemas" / "config.schema.yaml"
 
 # Fields that change what is trained; a checkpoint refuses to resume if any differs.
-# Performance knobs (threads, loader, workers, compile, logging, segment budget) may change.
+# Performance knobs (threads, loader, workers, compile, logging, segment budget) may change,
+# and so may early_stop: it decides when a run ends, never what a step computes (the weights
+# at every epoch are the same with it or without), so it may be switched on for a run that
+# is under way; the stop is a pure function of the checkpointed epoch records.
 SHAPING_FIELDS = ("strategy", "model", "model_args", "epochs", "batch_size", "optimizer", "lr",
                   "momentum", "weight_decay", "scheduler", "warmup_epochs", "seed", "world_size",
                   "lr_scaling", "amp", "data_id")
@@ -96,6 +99,7 @@ class TrainConfig:
     margin_s: float                # segment stops at min(0.8 T, T - margin)
     budget_s: float                # 0: the job's runtime is the budget
     elastic: bool                  # may resume on another world size at an epoch boundary
+    early_stop: dict               # train.early_stop (cifarflow.early_stop)
 
     def __post_init__(self):
         def need(cond, msg):
@@ -118,6 +122,13 @@ class TrainConfig:
              "tf32_matmul applies to CUDA matmuls only and this run trains on cpu")
         need(not self.model_args or ":" in self.model,
              f"model_args apply to a module:factory model only; {self.model} takes none")
+        self.stopping()  # its own checks
+
+    def stopping(self):
+        """The run's early-stop rule and loss watch (cifarflow.early_stop)."""
+        from .early_stop import EarlyStop
+
+        return EarlyStop.of(self.early_stop, self.model)
 
     @classmethod
     def from_dict(cls, d: dict) -> "TrainConfig":

@@ -49,7 +49,7 @@ def download_archive(url: str, md5: str, dest_dir: Path) -> Path:
     dest_dir.mkdir(parents=True, exist_ok=True)
     target = dest_dir / ARCHIVE_NAME
     try:
-        download_url(url, str(dest_dir), filename=ARCHIVE_NAME, md5=md5)
+        download_url(url, str(dest_dir), filename=ARCHIVE_NAME)  # md5: ours, says which
     except Exception as exc:  # urllib raises several types; all mean "no archive"
         raise DatasetError(
             f"could not download {url} ({type(exc).__name__}: {exc}). Compute nodes have "
@@ -199,33 +199,63 @@ def _batch_dict(images: np.ndarray, labels: np.ndarray, label: str) -> dict:
 
 
 def prepare_archive(source: str, dest_dir: Path, *, url: str = CIFAR_URL, md5: str = CIFAR_MD5,
-                    archive: str | None = None, synthetic: dict | None = None) -> Path:
-    """Bring the tarball for ``source`` (download | archive | synthetic) into dest_dir."""
+                    archive: str | None = None, synthetic: dict | None = None,
+                    data_id: str | None = None) -> Path:
+    """Bring the tarball for ``source`` (download | archive | synthetic) into dest_dir and
+    record beside it where it came from (``fetch_record``). Whatever an earlier source left
+    there goes first: a link to the user's archive is never written through."""
+    from .config import data_identity, fill_defaults, schema
+
     dest_dir.mkdir(parents=True, exist_ok=True)
     target = dest_dir / ARCHIVE_NAME
+    for stale in (target, _record_path(target), Path(f"{target}.md5")):  # .md5: older versions
+        if stale.exists() or stale.is_symlink():
+            stale.unlink()
     if source == "download":
-        return download_archive(url, md5, dest_dir)
-    if source == "archive":
+        download_archive(url, md5, dest_dir)
+        verified = md5
+    elif source == "archive":
         if not archive:
             raise DatasetError("data.source is 'archive' but data.archive is empty: "
                                "set it to the path of cifar-10-python.tar.gz")
         verify_archive(Path(archive), md5)
-        if target.exists() or target.is_symlink():
-            target.unlink()
         target.symlink_to(Path(archive).resolve())
-        return target
-    if source == "synthetic":
-        from .config import fill_defaults, schema
+        verified = md5
+    elif source == "synthetic":
+        synthetic = fill_defaults(synthetic, schema()["properties"]["data"]["properties"]["synthetic"])
+        verified = write_synthetic_archive(target, int(synthetic["train_size"]),
+                                           int(synthetic["test_size"]), int(synthetic["seed"]),
+                                           float(synthetic["noise"]))
+    else:
+        raise DatasetError(f"unknown data.source {source!r}: use download, archive or synthetic")
+    if data_id is None:
+        data_id = data_identity({"source": source, "md5": md5, "synthetic": synthetic})
+    record = {"source": source, "data_id": data_id, "md5": verified}
+    _record_path(target).write_text(json.dumps(record) + "\n")
+    return target
 
-        s = fill_defaults(synthetic, schema()["properties"]["data"]["properties"]["synthetic"])
-        digest = write_synthetic_archive(target, int(s["train_size"]), int(s["test_size"]),
-                                         int(s["seed"]), float(s["noise"]))
-        (dest_dir / (ARCHIVE_NAME + ".md5")).write_text(digest + "\n")
-        return target
-    raise DatasetError(f"unknown data.source {source!r}: use download, archive or synthetic")
+
+def _record_path(archive: Path) -> Path:
+    return Path(f"{archive}.fetched.json")
 
 
-def expected_md5(archive: Path, configured: str) -> str:
-    """Synthetic archives carry their md5 beside them; real ones use the configured md5."""
-    sidecar = Path(str(archive) + ".md5")
-    return sidecar.read_text().strip() if sidecar.is_file() else configured
+def fetch_record(archive: Path) -> dict | None:
+    """What fetch-data wrote beside the tarball: its source, data id and verified md5."""
+    path = _record_path(archive)
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def expected_md5(archive: Path, data_id: str, configured: str) -> str:
+    """The md5 the tarball must have for the config whose data id is ``data_id``: the
+    configured one for real data, the generated archive's own for synthetic data. A tarball
+    fetched for another source or other parameters is refused, never accepted."""
+    record = fetch_record(archive)
+    if record is None or record.get("data_id") != data_id:
+        was = (f"was fetched for data id {record['data_id']} (data.source {record['source']})"
+               if record else "has no record of where it came from")
+        raise DatasetError(
+            f"{archive} {was}, but the config's data id is {data_id}: fetch it again, "
+            "`snakemake --forcerun fetch_dataset` (a plain rerun does it when data.source, "
+            "data.md5 or the synthetic parameters changed, unless --rerun-triggers leaves "
+            "out params)")
+    return record["md5"] if record["source"] == "synthetic" else configured

@@ -31,6 +31,48 @@ def kernel_problems(gpus: list[tuple[str, tuple[int, int]]], arch_list: list[str
     return problems
 
 
+BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")  # bf16 computed natively (AMX tiles, AVX512-BF16)
+CPU_FLAGS = BF16_CPU_FLAGS + ("amx_tile", "amx_int8", "avx512f", "avx2")
+
+
+def cpu_features(cpuinfo: str | None = None) -> dict:
+    """The CPU's model and what it computes natively (/proc/cpuinfo flags): AMX,
+    AVX512-BF16, AVX-512, AVX2; ``bf16_native`` when bf16 needs no emulation."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            cpuinfo = ""
+    fields = {}
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())  # the first processor's
+    flags = set(fields.get("flags", "").split())
+    return {"model": fields.get("model name", platform.processor()),
+            "flags": [f for f in CPU_FLAGS if f in flags],
+            "bf16_native": any(f in flags for f in BF16_CPU_FLAGS)}
+
+
+def bf16_native(device_type: str, cpu: dict, cuda_capability: tuple[int, int] | None) -> bool:
+    """Whether this device computes bf16 natively: a CPU with AMX or AVX512-BF16, a GPU of
+    compute capability 8.0 or more (Ampere on). Elsewhere bf16 is emulated and slower."""
+    if device_type == "cuda":
+        return cuda_capability is not None and cuda_capability >= (8, 0)
+    return device_type == "cpu" and bool(cpu.get("bf16_native"))
+
+
+def resolve_amp(amp: str, device) -> str:
+    """train.amp for this process's device: auto is bf16 where it is native, else none."""
+    if amp != "auto":
+        return amp
+    import torch
+
+    device = torch.device(device)
+    capability = (torch.cuda.get_device_capability(device)
+                  if device.type == "cuda" and torch.cuda.is_available() else None)
+    return "bf16" if bf16_native(device.type, cpu_features(), capability) else "none"
+
+
 def driver_version() -> str | None:
     try:
         out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
@@ -61,13 +103,14 @@ def record_environment(out: Path, freeze: Path, expect_gpu: bool = False) -> dic
                              for i in range(torch.cuda.device_count())],
         "torch_cuda_arch_list": torch.cuda.get_arch_list() if torch.cuda.is_available() else [],
         "nvidia_driver": driver_version(),
+        "cpu": {**cpu_features(), "torch_capability": torch.backends.cpu.get_cpu_capability()},
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(info, indent=2))
     pip = subprocess.run([sys.executable, "-m", "pip", "freeze"], capture_output=True, text=True)
     freeze.write_text(pip.stdout)
     print(json.dumps({k: info[k] for k in ("python", "torch", "torchvision", "cuda_available",
-                                            "nvidia_driver")}))
+                                            "nvidia_driver", "cpu")}))
     if expect_gpu:
         if not info["cuda_available"]:
             raise ValueError(f"runs train on cuda but torch {torch.__version__} sees no GPU on "

@@ -56,10 +56,9 @@ def read_limits(partition: str = "", run=_run) -> dict | None:
     conf = fields(config)
     limits = {"max_job_count": conf.get("MaxJobCount"), "max_array_size": conf.get("MaxArraySize"),
               "accounting": "none" not in conf.get("AccountingStorageType", "none")}
-    parts = run(["scontrol", "show", "partition", "-o"] + ([partition] if partition else [])) or ""
-    records = [fields(line) for line in parts.splitlines() if line.strip()]
-    record = next((r for r in records if not partition and r.get("Default") == "YES"),
-                  records[0] if records else {})
+    records = scontrol_records("partition", run)
+    record = next((r for r in records if r.get("PartitionName") == partition
+                   or not partition and r.get("Default") == "YES"), {})
     limits["partition"] = record.get("PartitionName", partition or "?")
     limits["max_time_min"] = slurm_minutes(record["MaxTime"]) if record.get("MaxTime") else None
     limits["max_submit"] = None
@@ -111,3 +110,168 @@ def check_plan(runs: int, jobs_per_round: int, rounds: int, total_jobs: int, run
             lines.append(f"a round has {jobs_per_round} jobs and the cluster queues at most "
                          f"{limit} of yours: pack.runs_per_job: {k} would submit a round at once")
     return lines + ["cluster limits: " + ", ".join(told)], errors
+
+
+# ---- does each job fit what the partition can ever give?
+
+def scontrol_records(kind: str, run=_run) -> list[dict]:
+    """Every record of `scontrol show <kind>` (partition, node), hidden ones too."""
+    out = run(["scontrol", "-a", "-o", "show", kind]) or ""
+    return [fields(line) for line in out.splitlines() if line.strip()]
+
+
+def _number(text, default=None):
+    return int(text) if str(text).isdigit() else default
+
+
+def node_capacity(record: dict) -> dict:
+    """What one node can ever give a job: CPUs, memory (MB), GPUs."""
+    gpus = sum(int(n) for n in re.findall(r"gpu(?::[^:,(]+)?:(\d+)", record.get("Gres", "")))
+    return {"name": record.get("NodeName", "?"),
+            "cpus": _number(record.get("CPUEfctv")) or _number(record.get("CPUTot"), 0),
+            "mem_mb": _number(record.get("RealMemory"), 0), "gpus": gpus}
+
+
+def expand_hostlist(text: str) -> list[str]:
+    """Slurm's host list (n[1-3,5],vm) as names."""
+    names = []
+    for prefix, ranges, plain in re.findall(r"([^,\[]+)\[([^\]]+)\]|([^,]+)", text):
+        if plain:
+            names.append(plain)
+            continue
+        for part in ranges.split(","):
+            lo, _, hi = part.partition("-")
+            names += [f"{prefix}{i:0{len(lo)}d}" for i in range(int(lo), int(hi or lo) + 1)]
+    return names
+
+
+def partition_capacity(partition: dict, nodes: list[dict]) -> dict:
+    """A partition as a job sees it: its nodes' capacities and its per-job limits."""
+    names = set(expand_hostlist(partition.get("Nodes", "")))
+    return {"name": partition.get("PartitionName", "?"),
+            "nodes": [node_capacity(n) for n in nodes if n.get("NodeName") in names],
+            "max_nodes": _number(partition.get("MaxNodes")),
+            "max_cpus_per_node": _number(partition.get("MaxCPUsPerNode")),
+            "max_mem_per_node": _number(partition.get("MaxMemPerNode"))}
+
+
+def read_partitions(run=_run) -> dict[str, dict] | None:
+    """Every partition's capacity, by name (the default's as ''); None without Slurm."""
+    partitions = scontrol_records("partition", run)
+    if not partitions:
+        return None
+    nodes = scontrol_records("node", run)
+    found = {p.get("PartitionName"): partition_capacity(p, nodes) for p in partitions}
+    default = next((p["PartitionName"] for p in partitions if p.get("Default") == "YES"), None)
+    if default:
+        found[""] = found[default]
+    return found
+
+
+def tasks_on(node: dict, shape: dict, partition: dict) -> int:
+    """How many of the job's tasks one node can ever hold."""
+    cpus = min(node["cpus"], partition["max_cpus_per_node"] or node["cpus"])
+    mem = min(node["mem_mb"], partition["max_mem_per_node"] or node["mem_mb"])
+    fit = cpus // shape["cpus_per_task"]
+    if shape.get("mem_per_cpu"):
+        fit = min(fit, mem // (shape["mem_per_cpu"] * shape["cpus_per_task"]))
+    if shape.get("gpus_per_task"):
+        fit = min(fit, node["gpus"] // shape["gpus_per_task"])
+    per_node = shape.get("tasks_per_node")
+    if per_node:  # a fixed number per node, with the node's memory and GPUs for all of them
+        ok = (fit >= per_node and mem >= shape.get("mem_mb_per_node", 0)
+              and node["gpus"] >= shape.get("gpus_per_node", 0))
+        return per_node if ok else 0
+    if shape.get("mem_mb_per_node", 0) > mem or shape.get("gpus_per_node", 0) > node["gpus"]:
+        return 0
+    return fit
+
+
+def most_tasks(shape: dict, partition: dict) -> int:
+    """The most tasks of this shape one job can ever get in the partition."""
+    per_node = sorted((tasks_on(n, shape, partition) for n in partition["nodes"]), reverse=True)
+    if not per_node:
+        return 0
+    nodes = min(x for x in (shape.get("nodes"), partition["max_nodes"], len(per_node)) if x)
+    if shape.get("nodes") and sum(1 for t in per_node if t) < shape["nodes"]:
+        return 0
+    return sum(per_node[:nodes]) if per_node else 0
+
+
+def describe_shape(shape: dict) -> str:
+    parts = [f"{shape['tasks']} task(s) of {shape['cpus_per_task']} CPU(s)"]
+    if shape.get("nodes"):
+        parts.append(f"on {shape['nodes']} node(s)")
+    if shape.get("mem_per_cpu"):
+        parts.append(f"{shape['mem_per_cpu']} MB per CPU")
+    if shape.get("mem_mb_per_node"):
+        parts.append(f"{shape['mem_mb_per_node']} MB per node")
+    if shape.get("gpus_per_node"):
+        parts.append(f"{shape['gpus_per_node']} GPU(s) per node")
+    return ", ".join(parts)
+
+
+def describe_partition(partition: dict) -> str:
+    nodes = ", ".join(f"{n['name']} {n['cpus']} CPUs {n['mem_mb']} MB"
+                      + (f" {n['gpus']} GPUs" if n["gpus"] else "") for n in partition["nodes"])
+    return f"{len(partition['nodes'])} node(s): {nodes or 'none'}"
+
+
+def check_fit(shapes: dict[str, dict], partition: str, partitions: dict | None) -> list[str]:
+    """One error per job that can never start in the partition, with the way out: a
+    smaller pack, fewer cores, or a partition where it fits. `shapes` maps a job (a run or
+    a pack) to its request: tasks, cpus_per_task, and where set nodes, tasks_per_node,
+    mem_per_cpu, mem_mb_per_node, gpus_per_node, gpus_per_task, pack (members per job)."""
+    if not partitions or partition not in partitions:
+        return []
+    part, errors, alike = partitions[partition], [], {}
+    for job, shape in shapes.items():  # one error per request: a sweep has many alike
+        alike.setdefault(repr(sorted(shape.items())), []).append(job)
+    for jobs in alike.values():
+        job, shape = jobs[0], shapes[jobs[0]]
+        if len(jobs) > 1:
+            job += f" (and {len(jobs) - 1} more alike)"
+        most = most_tasks(shape, part)
+        if most >= shape["tasks"]:
+            continue
+        fits = sorted(name for name, p in partitions.items()
+                      if name and most_tasks(shape, p) >= shape["tasks"])
+        ways = []
+        if shape.get("pack") and most:
+            ways.append(f"pack.runs_per_job: {most}")
+        if shape["cpus_per_task"] > 1:
+            ways.append("fewer resources.cpus_per_task")
+        ways.append(f"slurm.partition: {fits[0]} (it fits there)" if fits else
+                    "another partition")
+        errors.append(f"{job} asks {describe_shape(shape)}, and partition {part['name']} can "
+                      f"ever give one job {most} such task(s) ({describe_partition(part)}): it "
+                      f"would wait forever; set {', or '.join(ways)}")
+    return errors
+
+
+def job_shapes(runs: dict, packs: dict) -> dict[str, dict]:
+    """The request of every segment job of the plan (a pack's first segment, with all its
+    members), as check_fit reads it."""
+    shapes, packed = {}, set()
+    for pack in packs.values():
+        res = pack.member_resources
+        cpus = int(res["cpus_per_task"])
+        gpus = runs[pack.members[0]].strategy_class.gpus_per_node(runs[pack.members[0]].config)
+        shape = {"tasks": len(pack.members), "cpus_per_task": cpus, "pack": True,
+                 "mem_per_cpu": -(-int(res["mem_mb"]) // cpus)}
+        if gpus:
+            shape.update(nodes=1, gpus_per_task=gpus)  # a pack's GPUs on one node
+        shapes[f"pack {pack.name} ({len(pack.members)} runs)"] = shape
+        packed.update(pack.members)
+    for name, run in runs.items():
+        if name in packed:
+            continue
+        res, nodes = run.resources, run.resources.get("nodes")
+        tasks = int(res.get("tasks") or int(res.get("tasks_per_node", 1)) * (nodes or 1))
+        shape = {"tasks": tasks, "cpus_per_task": int(res["cpus_per_task"]),
+                 "mem_mb_per_node": int(res["mem_mb"]),
+                 "gpus_per_node": run.strategy_class.gpus_per_node(run.config)}
+        if nodes:
+            shape.update(nodes=int(nodes), tasks_per_node=tasks // int(nodes))
+        shapes[f"run {name}"] = shape
+    return shapes

@@ -250,3 +250,21 @@ def test_a_segment_records_what_it_used(cifar_dir, tmp_path):
     assert used["peak_rss_mb"] == pytest.approx(usage.ru_maxrss / 1024, rel=0.05)
     assert used["ended"] == "completed" and used["queue_wait_s"] is None
     assert list(used["peak_rss_mb_per_node"].values()) == [used["peak_rss_mb"]]
+
+
+@pytest.mark.parametrize("amp", ["bf16", "auto"])
+def test_bf16_on_cpu_two_segments_equal_one_bit_for_bit(cifar_dir, tmp_path, amp):
+    """amp bf16 (autocast on the CPU) resumes like any other run; auto records what it chose:
+    bf16 where this CPU computes it natively (AMX, AVX512-BF16), none elsewhere."""
+    from cifarflow.environment import cpu_features
+
+    kw = {**SPEC, "epochs": 2, "amp": amp}
+    train(cifar_dir, tmp_path / "one", spec_kw=kw)
+    train(cifar_dir, tmp_path / "segment-1", spec_kw=kw, until_epoch=1)
+    out = train(cifar_dir, tmp_path / "segment-2", spec_kw=kw, resume=tmp_path / "segment-1")
+    assert "resumed from" in out.stdout
+    assert_bit_identical(state_of(tmp_path / "one")["model"], state_of(tmp_path / "segment-2")["model"])
+    history = metrics_of(tmp_path / "segment-2")
+    assert same_metrics(metrics_of(tmp_path / "one"), history)
+    chosen = "bf16" if amp == "bf16" or cpu_features()["bf16_native"] else "none"
+    assert [h["amp"] for h in history] == [chosen, chosen]

@@ -190,7 +190,7 @@ def test_a_diverging_member_stops_alone(tmp_path, cifar_dir):
     train_fused(tmp_path / "without", cifar_dir, calm)
     assert all(status[run]["exit"] == 0 and status[run]["done"] for run in runs)
     manifest = read_manifest(segment(tmp_path / "with", wild, 1))
-    assert manifest["done"] and manifest["ended_early"].startswith("diverged")
+    assert manifest["done"] and manifest["early_stop"].startswith("diverged: train loss")
     assert manifest["epoch"] == 1  # it left after its first epoch
     assert not math.isfinite(metrics_of(segment(tmp_path / "with", wild, 1))[-1]["train_loss"])
     assert "diverged" in Path(RunPaths(str(tmp_path / "with"), wild).log(1)).read_text()

@@ -13,6 +13,7 @@ import zipfile
 from importlib.metadata import version
 from pathlib import Path
 
+import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
@@ -35,9 +36,9 @@ def project_copy(tmp_path: Path) -> Path:
     return project
 
 
-def run(cmd, **kw) -> subprocess.CompletedProcess:
+def run(cmd, timeout=120, **kw) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    out = subprocess.run(list(map(str, cmd)), capture_output=True, text=True, timeout=120,
+    out = subprocess.run(list(map(str, cmd)), capture_output=True, text=True, timeout=timeout,
                          env={**env, **kw.pop("env", {})}, **kw)
     assert out.returncode == 0, f"{cmd} failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
     return out
@@ -159,38 +160,67 @@ def test_slurm_values_are_kept_once_per_job():
     assert outside == {}
 
 
-def pinned(requirements: Path) -> dict:
-    """name -> pinned version of a requirements file, following its `-r` includes."""
-    pins = {}
-    for line in requirements.read_text().splitlines():
+def requirements_in(path: Path) -> list[Requirement]:
+    """The requirements of a requirements file, following its `-r` includes."""
+    found = []
+    for line in path.read_text().splitlines():
         line = line.split("#")[0].strip()
         if line.startswith("-r "):
-            pins.update(pinned(requirements.parent / line[3:].strip()))
+            found += requirements_in(path.parent / line[3:].strip())
         elif line:
-            pin = Requirement(line)
-            pins[canonicalize_name(pin.name)] = str(pin.specifier).removeprefix("==")
-    return pins
+            found.append(Requirement(line))
+    return found
 
 
-def installed_closure(names) -> dict:
-    """name -> Distribution of these installed distributions and everything they require
-    here (markers evaluated without extras)."""
+def pinned(requirements: Path) -> dict:
+    """name -> pinned version of a requirements file, following its `-r` includes."""
+    return {canonicalize_name(r.name): str(r.specifier).removeprefix("==")
+            for r in requirements_in(requirements)}
+
+
+def installed_closure(requirements) -> dict:
+    """name -> Distribution of these installed requirements (names or Requirements, their
+    extras followed) and everything they require here, markers evaluated."""
     from importlib.metadata import PackageNotFoundError, distribution
 
-    todo, found = list(names), {}
+    todo, found = [Requirement(str(r)) for r in requirements], {}
     while todo:
-        name = canonicalize_name(todo.pop())
-        if name in found:
+        wanted = todo.pop()
+        name = canonicalize_name(wanted.name)
+        key = (name, tuple(sorted(wanted.extras)))
+        if key in found:
             continue
         try:
-            found[name] = dist = distribution(name)
+            found[key] = dist = distribution(name)
         except PackageNotFoundError:
             continue
         for line in dist.requires or []:
             req = Requirement(line)
-            if req.marker is None or req.marker.evaluate({"extra": ""}):
-                todo.append(req.name)
-    return found
+            if req.marker is None or any(req.marker.evaluate({"extra": extra})
+                                         for extra in ("", *wanted.extras)):
+                todo.append(req)
+    return {name: dist for (name, _), dist in found.items()}
+
+
+def venv_of(dists: dict, path: Path) -> Path:
+    """A venv holding exactly these distributions, linked from this venv, with their
+    console scripts (what pip writes into bin/); its python."""
+    venv.create(path, with_pip=False)
+    site = Path(sysconfig.get_path("purelib"))
+    target = Path(sysconfig.get_path("purelib", vars={"base": str(path)}))
+    for top in {Path(f).parts[0] for d in dists.values() for f in d.files or []
+                if not str(f).startswith("..")}:
+        if (site / top).exists() and not (target / top).exists():
+            (target / top).symlink_to(site / top)
+    python = path / "bin" / "python"
+    for dist in dists.values():
+        for entry in dist.entry_points.select(group="console_scripts"):
+            module, _, func = entry.value.partition(":")
+            script = path / "bin" / entry.name
+            script.write_text(f"#!{python}\nimport sys\nfrom {module} import {func}\n"
+                              f"sys.exit({func}())\n")
+            script.chmod(0o755)
+    return python
 
 
 def test_a_job_venv_needs_requirements_train_only(tmp_path, cifar_dir):
@@ -200,15 +230,7 @@ def test_a_job_venv_needs_requirements_train_only(tmp_path, cifar_dir):
     Lightning segment and the environment record."""
     dists = installed_closure(pinned(ROOT / "requirements-train.txt"))
     assert not {"snakemake", "pandas", "matplotlib", "pytest", "tabulate"} & set(dists)
-    job_venv = tmp_path / "job-venv"
-    venv.create(job_venv, with_pip=False)
-    site = Path(sysconfig.get_path("purelib"))
-    target = Path(sysconfig.get_path("purelib", vars={"base": str(job_venv)}))
-    for top in {Path(f).parts[0] for d in dists.values() for f in d.files or []
-                if not str(f).startswith("..")}:
-        if (site / top).exists() and not (target / top).exists():
-            (target / top).symlink_to(site / top)
-    python = job_venv / "bin" / "python"
+    python = venv_of(dists, tmp_path / "job-venv")
     probe = subprocess.run([python, "-c", "import torch, lightning; import pandas"], env=ENV,
                            capture_output=True, text=True)
     assert "No module named 'pandas'" in probe.stderr, probe.stderr  # torch yes, pandas no
@@ -222,3 +244,44 @@ def test_a_job_venv_needs_requirements_train_only(tmp_path, cifar_dir):
                           "--freeze", tmp_path / "freeze.txt"], env=ENV, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "pandas" not in (tmp_path / "freeze.txt").read_text()
+
+
+README_COMMANDS = {  # the README's everyday commands -> distributions they import beyond the core
+    "snakemake --report": {"snakemake", "pygments", "jinja2", "docutils"},
+    "snakemake summarize_partial": {"snakemake", "pandas", "matplotlib", "tabulate"},
+    "make tensorboard": {"tensorboard"},
+}
+
+
+def test_requirements_closure_holds_what_the_readme_commands_import():
+    """What `pip install -r requirements.txt` brings (this venv's versions, extras
+    followed): snakemake's report needs pygments, which only its `reports` extra brings."""
+    dists = installed_closure(requirements_in(ROOT / "requirements.txt"))
+    for command, needs in README_COMMANDS.items():
+        assert needs <= set(dists), f"{command}: requirements.txt lacks {needs - set(dists)}"
+    assert "pytest" not in dists  # the dev packages are not part of it
+
+
+@pytest.mark.slow
+def test_every_readme_command_runs_in_an_environment_of_requirements_txt_alone(tmp_path):
+    """A venv holding exactly the closure of requirements.txt (linked from this venv: a
+    fresh install would fetch ~5 GB of torch and CUDA wheels) plus this project installed
+    as `make run` does (`pip install --no-deps -e`), activated: the README's everyday
+    commands, a local run of the test config included, all succeed there."""
+    python = venv_of(installed_closure(requirements_in(ROOT / "requirements.txt")),
+                     tmp_path / "venv")
+    assert subprocess.run([python, "-c", "import pytest"], capture_output=True).returncode != 0
+    run([sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-index",
+         "--no-deps", "--no-build-isolation", "-e", project_copy(tmp_path)])
+    bin_dir = python.parent
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "VIRTUAL_ENV": str(python.parent.parent)}
+    work = tmp_path / "work"
+    smk = ["snakemake", "-s", ROOT / "Snakefile", "--directory", work, "--configfile",
+           ROOT / "tests/configs/local/config.yaml"]
+    assert_help_lists_every_command(run(["cifarflow", "--help"], env=env))
+    assert "Nothing to be done" not in run([*smk, "-n"], env=env).stdout
+    run([*smk, "--cores", "2"], env=env, timeout=600)
+    run([*smk, "--report", work / "results/report.html"], env=env, timeout=300)
+    assert (work / "results/report.html").stat().st_size > 10_000
+    run([*smk, "--cores", "1", "summarize_partial"], env=env, timeout=300)
+    assert "--logdir" in run(["tensorboard", "--help"], env=env).stdout

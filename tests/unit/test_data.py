@@ -4,6 +4,7 @@ import pickletools
 import numpy as np
 import pytest
 
+from conftest import served_tarball
 from cifarflow import data
 from cifarflow.loaders import Split, TensorBatches, TorchvisionBatches, shard, epoch_order
 
@@ -128,3 +129,73 @@ def test_lenet_is_the_seeds_net():
     ours(x).sum().backward(), seed(x).sum().backward()
     for (name, a), b in zip(ours.named_parameters(), seed.parameters()):
         assert torch.equal(a.grad, b.grad), name
+
+
+# --- switching data.source: synthetic, archive, download, in any order -----------------
+
+SMALL = {"train_size": 50, "test_size": 10}
+
+
+@pytest.fixture
+def served_archive(tmp_path):
+    with served_tarball(tmp_path / "served", **SMALL) as served:
+        yield served
+
+
+def fetch_and_extract(source, dest, archive, url, md5):
+    """What fetch_dataset then extract_dataset do for one config; the md5 of what was used."""
+    options = {"synthetic": {"synthetic": SMALL}, "archive": {"archive": str(archive), "md5": md5},
+               "download": {"url": url, "md5": md5}}[source]
+    target = data.prepare_archive(source, dest, **options)
+    data_id = data.fetch_record(target)["data_id"]
+    data.verify_archive(target, data.expected_md5(target, data_id, md5))
+    return data.md5sum(data.extract_archive(target, dest) / data.TEST_FILE)
+
+
+def test_every_switch_of_source_works_in_place(tmp_path, served_archive):
+    archive, url = served_archive
+    real_md5 = data.md5sum(archive)
+    real_test_batch = data.md5sum(archive.parent / data.BATCHES_DIR / data.TEST_FILE)
+    dest = tmp_path / "results-data"
+    order = ["synthetic", "archive", "download", "synthetic", "download", "archive", "synthetic"]
+    seen = [fetch_and_extract(s, dest, archive, url, real_md5) for s in order]  # all 6 switches
+    synthetic, real = seen[0], real_test_batch
+    assert synthetic != real
+    assert seen == [synthetic, real, real, synthetic, real, real, synthetic]
+    assert archive.is_file() and data.md5sum(archive) == real_md5  # never written through the link
+    assert not (dest / f"{data.ARCHIVE_NAME}.md5").exists()
+
+
+def test_a_tarball_fetched_for_another_source_is_refused(tmp_path, served_archive):
+    archive, _ = served_archive
+    real_md5 = data.md5sum(archive)
+    target = data.prepare_archive("synthetic", tmp_path, synthetic=SMALL)
+    # the config now says archive, but fetch_dataset did not run again
+    with pytest.raises(data.DatasetError, match="data.source synthetic.*--forcerun fetch_dataset"):
+        data.expected_md5(target, real_md5, real_md5)
+    target = data.prepare_archive("archive", tmp_path, archive=str(archive), md5=real_md5)
+    synthetic_id = data.fetch_record(
+        data.prepare_archive("synthetic", tmp_path / "other", synthetic=SMALL))["data_id"]
+    with pytest.raises(data.DatasetError, match="data.source archive"):
+        data.expected_md5(target, synthetic_id, real_md5)  # back to synthetic, fetch not rerun
+    (tmp_path / f"{data.ARCHIVE_NAME}.fetched.json").unlink()
+    with pytest.raises(data.DatasetError, match="no record of where it came from"):
+        data.expected_md5(target, real_md5, real_md5)
+
+
+def test_the_demo_sidecar_of_an_older_version_is_ignored(tmp_path, served_archive):
+    """An older version left <tarball>.md5 beside the synthetic tarball and preferred it."""
+    archive, _ = served_archive
+    real_md5 = data.md5sum(archive)
+    data.prepare_archive("synthetic", tmp_path, synthetic=SMALL)
+    (tmp_path / f"{data.ARCHIVE_NAME}.md5").write_text(data.md5sum(tmp_path / data.ARCHIVE_NAME))
+    target = data.prepare_archive("archive", tmp_path, archive=str(archive), md5=real_md5)
+    assert data.expected_md5(target, real_md5, real_md5) == real_md5
+    assert not (tmp_path / f"{data.ARCHIVE_NAME}.md5").exists()
+
+
+def test_download_with_a_wrong_md5_is_refused(tmp_path, served_archive):
+    _, url = served_archive
+    with pytest.raises(data.DatasetError, match="md5 mismatch"):
+        data.prepare_archive("download", tmp_path, url=url, md5=data.CIFAR_MD5)
+    assert data.fetch_record(tmp_path / data.ARCHIVE_NAME) is None

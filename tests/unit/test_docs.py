@@ -21,6 +21,14 @@ def test_config_readme_lists_every_schema_key():
     assert len(keys) > 60
     missing = [k for k in keys if f"| `{k}` |" not in text]
     assert not missing, f"config/README.md lacks {missing}"
+    rows = {line.split("|")[1].strip(" `"): line for line in text.splitlines()
+            if line.startswith("| `")}
+    for key in keys:  # every choice the schema offers is in the key's row
+        node = schema
+        for part in key.split("."):
+            node = node["properties"][part]
+        absent = [v for v in node.get("enum", []) if str(v) not in rows[key]]
+        assert not absent, f"config/README.md: {key} lacks {absent}"
 
 
 def test_readme_is_short_and_every_local_link_resolves():

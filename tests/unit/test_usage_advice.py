@@ -3,7 +3,7 @@
 import pandas as pd
 import pytest
 
-from cifarflow.aggregate import request_advice, used_vs_requested
+from cifarflow.aggregate import bf16_advice, request_advice, used_vs_requested
 from cifarflow.engine.usage import ended_as, segment_usage
 
 RANKS = [{"host": "n1", "cpu_s": 50.0, "peak_rss_mb": 400.0},
@@ -40,3 +40,34 @@ def test_a_run_that_uses_what_it_asked_for_gets_no_advice():
     tries = [segment_usage(RANKS[:1], 1700.0, 1, "time budget")]
     row = used_vs_requested(tries, {"cpus_per_task": 1, "mem_mb": 450, "runtime": 30})
     assert request_advice(pd.DataFrame([{"strategy": "cpu", "cpus_per_task": 1, **row}])) == []
+
+
+def bf16_rows(*runs) -> pd.DataFrame:
+    base = {"strategy": "cpu", "device": "cpu", "model": "lenet", "batch_size": 512,
+            "cpus_per_task": 2, "status": "ok"}
+    return pd.DataFrame([{**base, "run": run, "amp": amp, "images_per_sec": ips}
+                         for run, amp, ips in runs])
+
+
+AMX = {"model": "Intel(R) Xeon(R) Platinum 8480+", "flags": ["amx_bf16", "avx512_bf16"],
+       "bf16_native": True}
+
+
+def test_bf16_advice_from_a_run_of_the_sweep_that_used_it():
+    df = bf16_rows(("f32", "none", 19_000.0), ("bf", "bf16", 26_600.0))
+    assert bf16_advice(df, AMX) == [
+        "f32: this CPU computes bf16 natively (amx_bf16/avx512_bf16); bf with amp bf16 trained "
+        "x1.40 faster here: set train.amp: bf16 (or auto)"]
+    assert bf16_advice(df, {**AMX, "bf16_native": False, "flags": []}) == []  # emulated: no
+    slower = bf16_rows(("f32", "none", 19_000.0), ("bf", "bf16", 18_000.0))
+    assert bf16_advice(slower, AMX) == []
+
+
+def test_bf16_advice_from_bench_only_for_the_cpu_model_it_measured(monkeypatch):
+    import cifarflow.aggregate as agg
+
+    monkeypatch.setitem(agg.BF16_BENCH, AMX["model"], ("lenet", 512, 2, 10_000.0, 15_000.0))
+    df = bf16_rows(("f32", "none", 9_000.0))
+    [tip] = bf16_advice(df, AMX)
+    assert "bench/ measured lenet batch 512 on 2 threads x1.50 faster with amp bf16" in tip
+    assert bf16_advice(df, {**AMX, "model": "another CPU"}) == []  # not measured there

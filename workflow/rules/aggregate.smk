@@ -34,7 +34,7 @@ rule aggregate_results:
         write_runs_file(input, output.runs)
         shell(
             "{params.cifarflow} aggregate --runs {output.runs} --out-dir {params.out_dir}"
-            " --plots-dir {output.plots} > {log} 2>&1"
+            " --plots-dir {output.plots} --env {input.env} > {log} 2>&1"
         )
 
 

@@ -34,8 +34,16 @@ if workflow.is_main_process:  # which tries of a segment are this run of the wor
 
 from cifarflow.plan import build_packs, build_runs, check_user_models  # noqa: E402  (no torch)
 from cifarflow.chain import Chain  # noqa: E402
+from cifarflow.config import data_identity  # noqa: E402
+from cifarflow.pending import PendingWatch  # noqa: E402
 from cifarflow.layout import RunPaths, pack_marker, segment_number  # noqa: E402
-from cifarflow.limits import check_plan, read_limits  # noqa: E402
+from cifarflow.limits import (
+    check_fit,
+    check_plan,
+    job_shapes,
+    read_limits,
+    read_partitions,
+)  # noqa: E402
 from cifarflow.strategies import get_strategy  # noqa: E402
 from cifarflow.strategies.base import gpu_request  # noqa: E402
 
@@ -130,6 +138,7 @@ def check_plan_against_cluster():
         read_limits(partition),
         workflow.resource_settings.nodes,
     )
+    errors += check_fit(job_shapes(RUNS, PACKS), partition, read_partitions())
     for line in lines:
         logger.info(line)
     if errors and workflow.resource_settings.nodes:
@@ -142,6 +151,7 @@ def fetch_args():
     """fetch-data's options from config.data, the synthetic generator's included."""
     data = config["data"]
     args = ["--url", data["url"], "--md5", data["md5"], "--archive", data["archive"] or ""]
+    args += ["--data-id", data_identity(data)]
     args += [f"--{key.replace('_', '-')}={value}" for key, value in data["synthetic"].items()]
     return shlex.join(args)
 
@@ -406,6 +416,13 @@ def segment_output(run, k):
 CHAIN = Chain(RUNS, PACKS, PRUNE, MAX_SEGMENTS, segment_output, IncompleteCheckpointException)
 if workflow.is_main_process:
     check_plan_against_cluster()
+if workflow.is_main_process:  # looks at squeue once Snakemake submits to Slurm
+    PENDING_WATCH = PendingWatch(
+        workflow.workdir_init,
+        logger.warning,
+        config["slurm"]["pending_check_s"],
+        active=lambda: workflow.non_local_exec and not workflow.dryrun,
+    ).start()
 
 
 def final_segment(run):

@@ -30,6 +30,7 @@ rule extract_dataset:
         cifarflow=CIFARFLOW,
         out_dir=lambda wildcards, output: Path(output.batches).parent,
         md5=config["data"]["md5"],
+        data_id=data_identity(config["data"]),
     shell:
         "{params.cifarflow} extract-data --archive {input.archive} --md5 {params.md5} "
-        "--out-dir {params.out_dir} > {log} 2>&1"
+        "--data-id {params.data_id} --out-dir {params.out_dir} > {log} 2>&1"

@@ -314,7 +314,7 @@ class FusedGroup:
     def run(self, stop: StopController, batches: FusedBatches) -> tuple[str | None, list]:
         """Train to the members' target epoch or a stop, as ``Segment.run`` does for one
         run; returns the stop reason and the members that left the group early
-        (diverged), already finished. The members still in it are ``self.members``."""
+        (diverged, early-stopped), already finished. The members still in it are ``self.members``."""
         members, left = self.members, []
         first, p = members[0], members[0].progress
         for m in members:
@@ -335,11 +335,10 @@ class FusedGroup:
             if reason is not None:
                 break
             self.close_epoch()
-            diverged = [m for m in members
-                        if not math.isfinite(m.progress.history[-1]["train_loss"])]
-            if diverged:
-                left += diverged
-                batches = self._drop(diverged)
+            ended = self.ended()
+            if ended:
+                left += ended
+                batches = self._drop(ended)
                 members = self.members
                 if not members:
                     return None, left
@@ -387,22 +386,29 @@ class FusedGroup:
             elif rec["gpu_util_pct"] is None:
                 rec["gpu_util_pct"], rec["gpu_mem_mb"] = first["gpu_util_pct"], first["gpu_mem_mb"]
 
-    def _drop(self, diverged: list) -> FusedBatches | None:
-        """Members whose loss is no longer finite end now (their run is done, recorded as
-        diverged); the group goes on without them, re-stacked."""
+    def ended(self) -> list:
+        """Members whose run ends at this epoch's end: a loss that is no longer finite
+        (diverged), or train.early_stop; the others go on."""
+        for m in self.members:
+            loss = m.progress.history[-1]["train_loss"]
+            if not math.isfinite(loss):
+                m.ended_early = f"diverged: train loss {loss} in epoch {m.progress.epoch}"
+                m.log(f"WARNING: {m.ended_early}; the run ends here (the other members of "
+                      "its fused group go on)")
+        return [m for m in self.members if m.stopped_early()]
+
+    def _drop(self, ended: list) -> FusedBatches | None:
+        """The ended members publish their checkpoint (their run is done) and leave; the
+        group goes on without them, re-stacked."""
         self.export()
-        for m in diverged:
-            epoch = m.progress.epoch
-            m.ended_early = f"diverged: train loss {m.progress.history[-1]['train_loss']} at epoch {epoch}"
-            self.say(f"{m.cfg.run}: {m.ended_early}; it leaves the fused group, the others go on")
-            m.log(f"WARNING: {m.ended_early}; stopped (the other members of its fused group go on)")
+        for m in ended:
+            self.say(f"{m.cfg.run}: {m.stopped_early()}; it leaves the fused group")
             m.result = m.finish(None)
-        keep = [m for m in self.members if m not in diverged]
-        self.members = keep
-        if not keep:
+        self.members = [m for m in self.members if m not in ended]
+        if not self.members:
             return None
-        self.__init__(keep, self.fused.mode, self.say)
-        return FusedBatches([m.batches for m in keep])
+        self.__init__(self.members, self.fused.mode, self.say)
+        return FusedBatches([m.batches for m in self.members])
 
 
 def build_members(members: list, mode: str | None = None) -> str:

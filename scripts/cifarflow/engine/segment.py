@@ -28,6 +28,7 @@ from .usage import rank_usage, segment_usage
 from .stop import StopController
 
 METRICS = ckpt.METRICS
+EARLY_STOP = "early stop"  # end_epoch's reason when train.early_stop ends the run
 
 
 def peak_memory_mb(device: str) -> float:
@@ -63,6 +64,7 @@ class Segment:
         self.requested = {"requested_mem_mb": mem_mb, "requested_runtime_min": budget_min}
         self.checkpointer = strategy.checkpointer()
         self.progress = Progress()
+        self.stopping = cfg.stopping()  # train.early_stop, decided from progress.history
         self.report = Reporter(strategy, tensorboard_dir)
         self.meter = EpochMeter(strategy.device)
         self.stop: StopController | None = None  # from begin(): its clock starts there
@@ -120,15 +122,28 @@ class Segment:
         return {"run": self.cfg.run, "config_hash": self.cfg.shaping_hash(),
                 "config": self.cfg.to_dict(), "epoch": p.epoch, "step": p.step,
                 "epochs": self.cfg.epochs, "until_epoch": self.until_epoch,
-                "done": self.done, "ended_early": self.ended_early, "segment_reached_target":
+                "done": self.done(), "early_stop": self.stopped_early(),
+                "segment_reached_target":
                 p.epoch >= self.until_epoch, "world_size": self.strategy.world_size,
                 "events": p.events, "segment_runs": p.segment_runs, "resizes": p.resizes,
                 "slurm_job_id": os.environ.get("SLURM_JOB_ID", "")}
 
-    @property
+    def stopped_early(self) -> str:
+        """Why this run ended before its last epoch ('' if it did not): a fused member that
+        diverged (``ended_early``), or train.early_stop, decided from the epoch records the
+        checkpoint carries, so K segments decide as one does."""
+        if self.ended_early:
+            return self.ended_early
+        if self.progress.epoch >= self.cfg.epochs:
+            return ""  # it trained all its epochs
+        return self.stopping.stop_reason(self.progress.history)
+
     def done(self) -> bool:
-        """The run is over: its last epoch trained, or it ended early (a diverged member)."""
-        return self.progress.epoch >= self.cfg.epochs or self.ended_early is not None
+        return self.progress.epoch >= self.cfg.epochs or bool(self.stopped_early())
+
+    def epochs_left(self) -> int:
+        """Epochs this segment trains (a partial one counts); none once the run is done."""
+        return 0 if self.stopped_early() else max(0, self.until_epoch - self.progress.epoch)
 
     def save(self, directory: Path) -> float:
         t0 = time.perf_counter()
@@ -199,6 +214,9 @@ class Segment:
         if mem or runtime:
             self.log(f"request: {f'{mem} MB per node' if mem else 'memory unknown'}, "
                      f"{f'{runtime:g} min' if runtime else 'no time limit'}")
+        if self.stopped_early():
+            self.log(f"the run ended at epoch {p.epoch} ({self.stopped_early()}): "
+                     "nothing to train, its checkpoint is published as is")
 
     def global_step(self) -> int:
         return self.progress.epoch * self.steps + self.progress.step
@@ -270,6 +288,8 @@ class Segment:
         """Record the finished epoch (reduced over ranks, evaluated); then, if more epochs
         follow in this segment, stop or save when all ranks agree."""
         rec = self.close_epoch(self.evaluate)
+        if self.stopped_early():
+            return EARLY_STOP  # the same records on every rank: the same decision
         if self.progress.epoch >= self.until_epoch:
             return None
         self.start_epoch()
@@ -292,15 +312,23 @@ class Segment:
                "wall_s": p.train_s, "eval_s": time.perf_counter() - t_eval,
                "lr": self.scheduler.get_last_lr()[0], "world_size": s.world_size,
                "peak_mem_mb": peak_memory_mb(s.device), "gpu_util_pct": gpu["gpu_util_pct"],
-               "gpu_mem_mb": gpu["gpu_mem_mb"],
+               "gpu_mem_mb": gpu["gpu_mem_mb"], "amp": s.amp,
                "slurm_job_id": os.environ.get("SLURM_JOB_ID", ""), "hosts": self.hosts}
         p.history.append(rec)
         p.next_epoch()
         self.report.epoch(rec, self.global_step(), self.cfg.epochs)
+        flat = self.stopping.newly_flat(p.history)
+        if flat:
+            self.log(flat)
+        if self.stopped_early():
+            self.log(f"{self.stopped_early()}: the run ends at epoch {p.epoch} of "
+                     f"{self.cfg.epochs} (train.early_stop)")
         return rec
 
     def finish(self, reason: str | None) -> dict:
         p = self.progress
+        if reason == EARLY_STOP:
+            reason = None  # the run is done: its segment completed
         self.report.close()
         ranks = self.strategy.gather_objects(rank_usage())  # every rank, one collective
         used = segment_usage(ranks, time.time() - self.start_time, self.strategy.threads(),
@@ -320,9 +348,9 @@ class Segment:
                 self.save(self.work_dir)
         save_s = self.save(self.out_dir)
         self.log(f"checkpoint {self.out_dir} written in {save_s:.2f} s "
-                 f"({'done' if self.done else 'to be continued'})")
+                 f"({'done' if self.done() else 'to be continued'})")
         return {"epoch": p.epoch, "step": p.step, "stopped": reason, "save_s": save_s,
-                "done": self.done}
+                "done": self.done()}
 
     # ---- the engine's own loop
     def run(self) -> dict:
@@ -333,7 +361,7 @@ class Segment:
         self.resume()
         self.begin()
         p, reason = self.progress, None
-        while reason is None and p.epoch < self.until_epoch:
+        while reason is None and self.epochs_left():
             self.start_epoch()
             for x, y in self.batches.epoch(p.epoch, p.step):
                 reason = self.after_batch(*self.train_step(x, y), len(y))

@@ -17,6 +17,7 @@ module).
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from typing import ClassVar
 
@@ -226,10 +227,17 @@ class Strategy:
 
             dist.barrier()
 
+    @functools.cached_property
+    def amp(self) -> str:
+        """train.amp on this process's device (auto resolved: environment.resolve_amp)."""
+        from ..environment import resolve_amp
+
+        return resolve_amp(self.cfg.amp, self.device)
+
     def autocast(self):
         import torch
 
-        if self.cfg.amp == "bf16":
+        if self.amp == "bf16":
             return torch.autocast(device_type=str(self.device).split(":")[0], dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
@@ -241,4 +249,4 @@ class Strategy:
 
     def describe(self) -> dict:
         return {"strategy": self.name, "world_size": self.world_size, "device": str(self.device),
-                "threads": self.threads()}
+                "threads": self.threads(), "amp": self.amp}

@@ -63,8 +63,8 @@ class LightningStrategy(MultiProcessStrategy):
                 segment.attach(strategy.wrap(self.model), self.trainer.optimizers[0],
                                self.trainer.lr_scheduler_configs[0].scheduler, self.batches)
                 segment.resume()
-                left = segment.until_epoch - segment.progress.epoch  # the partial one counts
-                self.trainer.fit_loop.max_epochs = max(0, left)  # -1 would mean "no limit"
+                # the partial one counts; 0 once the run is done (-1 would mean "no limit")
+                self.trainer.fit_loop.max_epochs = segment.epochs_left()
 
             def on_train_start(self):
                 segment.begin()  # after Lightning's signal handlers, so ours are the ones

@@ -1,0 +1,85 @@
+"""From the demo to real data and back: data.source switched between synthetic, archive and
+download in the same results directory, through real snakemake runs; the download from a
+local http.server (the real download code)."""
+
+import json
+
+import pytest
+
+from conftest import ROOT, served_tarball, snakemake
+from cifarflow import data
+
+LOCAL = ROOT / "tests/configs/local/config.yaml"
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """A CIFAR-format tarball (not the config's synthetic data) and its URL on this machine."""
+    with served_tarball(tmp_path_factory.mktemp("served"), train_size=500, test_size=100) as out:
+        yield out
+
+
+def source_config(tmp_path, source, archive, url) -> list:
+    """The local test config with data.source set as a user would edit it."""
+    md5 = data.md5sum(archive)
+    keys = {"synthetic": {"source": "synthetic"},
+            "archive": {"source": "archive", "archive": str(archive), "md5": md5},
+            "download": {"source": "download", "url": url, "md5": md5}}[source]
+    overlay = tmp_path / f"{source}.yaml"
+    overlay.write_text(json.dumps({"data": keys}))  # JSON is YAML
+    return [LOCAL, overlay]
+
+
+def extracted_md5(workdir) -> str:
+    """The md5 of the extracted test batch (a synthetic tarball's own md5 changes with the
+    time stamp in its gzip header)."""
+    return data.md5sum(workdir / "results/data/cifar-10-batches-py" / data.TEST_FILE)
+
+
+def test_every_switch_of_data_source_reruns_fetch_and_extract(tmp_path, served):
+    archive, url = served
+    work = tmp_path / "work"
+    order = ["synthetic", "archive", "download", "synthetic", "download", "archive", "synthetic"]
+    used = []
+    for source in order:  # all six switches, nothing deleted by hand
+        out = snakemake(work, "--cores", 1, "extract_dataset",
+                        configfile=source_config(tmp_path, source, archive, url))
+        assert "fetch_dataset" in out.stdout + out.stderr, source
+        used.append(extracted_md5(work))
+    synthetic = used[0]
+    real = data.md5sum(archive.parent / data.BATCHES_DIR / data.TEST_FILE)
+    assert synthetic != real
+    assert used == [synthetic, real, real, synthetic, real, real, synthetic]
+    nothing = snakemake(work, "-n", "extract_dataset",
+                        configfile=source_config(tmp_path, "synthetic", archive, url))
+    assert "Nothing to be done" in nothing.stdout + nothing.stderr
+
+
+def test_a_stale_tarball_is_refused_when_params_do_not_trigger(tmp_path, served):
+    """With --rerun-triggers mtime, snakemake does not fetch again after a switch: extraction
+    refuses the demo's tarball instead of training on it."""
+    archive, url = served
+    work = tmp_path / "work"
+    snakemake(work, "--cores", 1, "extract_dataset",
+              configfile=source_config(tmp_path, "synthetic", archive, url))
+    out = snakemake(work, "--cores", 1, "--rerun-triggers", "mtime", "--forcerun",
+                    "extract_dataset", "--", "extract_dataset", check=False,
+                    configfile=source_config(tmp_path, "archive", archive, url))
+    assert out.returncode != 0
+    log = (work / "results/logs/extract_dataset.log").read_text()
+    assert "data.source synthetic" in log and "--forcerun fetch_dataset" in log
+
+
+@pytest.mark.slow
+def test_training_follows_the_switch_from_the_demo_to_real_data(tmp_path, served):
+    archive, url = served
+    work = tmp_path / "work"
+    snakemake(work, "--cores", 2, configfile=source_config(tmp_path, "synthetic", archive, url))
+    snakemake(work, "--cores", 2, configfile=source_config(tmp_path, "download", archive, url))
+    spec = json.loads((work / "results/runs/cpu/spec.json").read_text())
+    assert spec["data_id"] == data.md5sum(archive)
+    history = [json.loads(line) for line in
+               (work / "results/runs/cpu/segment-2/metrics.jsonl").read_text().splitlines()]
+    assert len(history) == 3 and history[0]["epoch"] == 1  # trained again from the start
+    log = (work / "results/logs/train/cpu/segment-1.log").read_text()
+    assert "resumed" not in log

@@ -1,0 +1,88 @@
+"""Jobs that can never start: the plan's job shapes against what a partition can ever give
+(parsed real `scontrol -o show partition/node` output of the test cluster), and the pending
+reasons the controller names (real `squeue` lines)."""
+
+from cifarflow.config import with_defaults
+from cifarflow.limits import (check_fit, expand_hostlist, fields, job_shapes,
+                              partition_capacity)
+from cifarflow.pending import PendingWatch, stuck_jobs
+from cifarflow.plan import build_packs, build_runs
+
+PARTITIONS = """\
+PartitionName=debug AllowGroups=ALL AllowAccounts=ALL AllowQos=ALL AllocNodes=ALL Default=YES QoS=N/A DefaultTime=NONE DisableRootJobs=NO ExclusiveUser=NO GraceTime=20 Hidden=NO MaxNodes=UNLIMITED MaxTime=UNLIMITED MinNodes=0 LLN=NO MaxCPUsPerNode=UNLIMITED Nodes=vm PriorityJobFactor=1 PriorityTier=1 RootOnly=NO ReqResv=NO OverSubscribe=NO OverTimeLimit=NONE PreemptMode=REQUEUE State=UP TotalCPUs=2 TotalNodes=1 SelectTypeParameters=NONE JobDefaults=(null) DefMemPerNode=UNLIMITED MaxMemPerNode=UNLIMITED TRES=cpu=2,mem=22900M,node=1,billing=2
+PartitionName=multi AllowGroups=ALL AllowAccounts=ALL AllowQos=ALL AllocNodes=ALL Default=NO QoS=N/A DefaultTime=NONE DisableRootJobs=NO ExclusiveUser=NO GraceTime=0 Hidden=NO MaxNodes=UNLIMITED MaxTime=UNLIMITED MinNodes=0 LLN=NO MaxCPUsPerNode=UNLIMITED Nodes=n[1-2] PriorityJobFactor=1 PriorityTier=1 RootOnly=NO ReqResv=NO OverSubscribe=NO OverTimeLimit=NONE PreemptMode=REQUEUE State=UP TotalCPUs=4 TotalNodes=2 SelectTypeParameters=NONE JobDefaults=(null) DefMemPerNode=UNLIMITED MaxMemPerNode=UNLIMITED TRES=cpu=4,mem=45800M,node=2,billing=4
+"""
+NODES = """\
+NodeName=vm Arch=x86_64 CoresPerSocket=2  CPUAlloc=2 CPUEfctv=2 CPUTot=2 CPULoad=7.88 AvailableFeatures=(null) ActiveFeatures=(null) Gres=(null) NodeAddr=10.77.0.1 NodeHostName=vm Version=22.05.8 RealMemory=22900 AllocMem=3000 FreeMem=18821 Sockets=1 Boards=1 State=ALLOCATED ThreadsPerCore=1 TmpDisk=0 Weight=1 Partitions=debug,urgent,short CfgTRES=cpu=2,mem=22900M,billing=2
+NodeName=n1 Arch=x86_64 CoresPerSocket=2  CPUAlloc=0 CPUEfctv=2 CPUTot=2 CPULoad=7.86 AvailableFeatures=(null) ActiveFeatures=(null) Gres=gpu:2 NodeAddr=10.77.0.11 NodeHostName=n1 Version=22.05.8 RealMemory=22900 AllocMem=0 FreeMem=19678 Sockets=1 Boards=1 State=IDLE ThreadsPerCore=1 TmpDisk=0 Weight=1 Partitions=multi CfgTRES=cpu=2,mem=22900M,billing=2
+NodeName=n2 Arch=x86_64 CoresPerSocket=2  CPUAlloc=0 CPUEfctv=2 CPUTot=2 CPULoad=7.86 AvailableFeatures=(null) ActiveFeatures=(null) Gres=gpu:2 NodeAddr=10.77.0.12 NodeHostName=n2 Version=22.05.8 RealMemory=22900 AllocMem=0 FreeMem=19678 Sockets=1 Boards=1 State=IDLE ThreadsPerCore=1 TmpDisk=0 Weight=1 Partitions=multi CfgTRES=cpu=2,mem=22900M,billing=2
+"""
+
+
+def partitions():
+    nodes = [fields(line) for line in NODES.splitlines()]
+    found = {p["PartitionName"]: partition_capacity(p, nodes)
+             for p in map(fields, PARTITIONS.splitlines())}
+    return {**found, "": found["debug"]}
+
+
+def plan(**config):
+    runs = build_runs(with_defaults(config))
+    return job_shapes(runs, build_packs(runs, config.get("pack", {}).get("runs_per_job", 1)))
+
+
+def test_host_lists_and_capacities():
+    assert expand_hostlist("n[1-3,05],vm") == ["n1", "n2", "n3", "n05", "vm"]
+    multi = partitions()["multi"]
+    assert [(n["name"], n["cpus"], n["mem_mb"], n["gpus"]) for n in multi["nodes"]] == [
+        ("n1", 2, 22900, 2), ("n2", 2, 22900, 2)]
+
+
+def test_a_pack_wider_than_the_partition_is_one_error_with_the_way_out():
+    shapes = plan(strategies=["cpu"], resources={"cpus_per_task": 1, "mem_mb": 1000},
+                  sweep={"lr": [0.01 * i for i in range(1, 9)]}, pack={"runs_per_job": 8})
+    assert check_fit(shapes, "", partitions()) == [
+        "pack cpu-pack001 (8 runs) asks 8 task(s) of 1 CPU(s), 1000 MB per CPU, and partition "
+        "debug can ever give one job 2 such task(s) (1 node(s): vm 2 CPUs 22900 MB): it would "
+        "wait forever; set pack.runs_per_job: 2, or another partition"]
+    four = plan(strategies=["cpu"], resources={"cpus_per_task": 1, "mem_mb": 1000},
+                sweep={"lr": [0.01 * i for i in range(1, 5)]}, pack={"runs_per_job": 4})
+    assert check_fit(four, "multi", partitions()) == []  # 2 nodes x 2 CPUs
+    assert "slurm.partition: multi (it fits there)" in check_fit(four, "debug", partitions())[0]
+
+
+def test_nodes_cpus_memory_and_gpus_per_node_are_each_checked():
+    ddp = plan(strategies=["ddp"], distributed={"world_size": 4, "nodes": 2},
+               resources={"cpus_per_task": 1, "mem_mb": 1000})
+    assert check_fit(ddp, "multi", partitions()) == []  # 2 tasks of 1 CPU on each node
+    assert "can ever give one job 0 such task(s)" in check_fit(ddp, "debug", partitions())[0]
+    wide = plan(strategies=["ddp"], distributed={"world_size": 2, "nodes": 2},
+                resources={"cpus_per_task": 4, "mem_mb": 1000})
+    (error,) = check_fit(wide, "multi", partitions())
+    assert "2 task(s) of 4 CPU(s), on 2 node(s)" in error and "fewer resources.cpus_per_task" in error
+    big = plan(strategies=["cpu"], resources={"cpus_per_task": 1, "mem_mb": 30000})
+    assert "30000 MB per node" in check_fit(big, "", partitions())[0]
+    gpu = plan(strategies=["gpu"], resources={"cpus_per_task": 1, "mem_mb": 1000})
+    assert check_fit(gpu, "multi", partitions()) == []
+    assert "1 GPU(s) per node" in check_fit(gpu, "debug", partitions())[0]
+    assert check_fit(gpu, "debug", None) == []  # no Slurm: nothing to say
+
+
+SQUEUE = """\
+48|/work/sweep|DependencyNeverSatisfied|(null)|debug
+22|/work/sweep|PartitionConfig|rule_train_cpu_wildcards_cpu-pack001_1|debug
+45|/work/sweep|Resources|rule_train_cpu_wildcards_cpu-pack002_1|multi
+46|/elsewhere|PartitionConfig|rule_train_cpu_wildcards_cpu-pack001_1|debug
+"""
+
+
+def test_stuck_jobs_of_this_workflow_are_named_once():
+    assert [j["job"] for j in stuck_jobs(SQUEUE, "/work/sweep")] == ["48", "22"]
+    said = []
+    watch = PendingWatch("/work/sweep", said.append, query=lambda: SQUEUE)
+    assert len(watch.poll()) == 2 and watch.poll() == []
+    assert said[1] == ("Slurm job 22 (train_cpu_wildcards_cpu-pack001_1) is pending for "
+                       "PartitionConfig in partition debug: it asks more than the partition's "
+                       "nodes can ever give; it will not start by itself: scancel 22, then "
+                       "change the request or the partition (snakemake -n checks the plan "
+                       "against the partition)")
