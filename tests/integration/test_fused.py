@@ -197,3 +197,19 @@ def test_a_diverging_member_stops_alone(tmp_path, cifar_dir):
     for run in calm:
         assert_bit_identical(state_of(segment(tmp_path / "with", run, 1))["model"],
                              state_of(segment(tmp_path / "without", run, 1))["model"])
+
+
+def test_early_stop_ends_one_member_of_a_fused_group(tmp_path, cifar_dir):
+    """train.early_stop in a fused group stops that member only: it is done at its early
+    epoch, the other trains on, bit-identical to a group without it."""
+    never_good_enough = {"enabled": True, "patience": 1, "min_delta": 100.0}
+    stopper, = plan(tmp_path / "with", {"lr": [0.03]}, epochs=3, early_stop=never_good_enough)
+    other, = plan(tmp_path / "with", {"lr": [0.06]}, epochs=3)
+    plan(tmp_path / "without", {"lr": [0.06]}, epochs=3)
+    status = train_fused(tmp_path / "with", cifar_dir, [stopper, other], until=3)
+    train_fused(tmp_path / "without", cifar_dir, [other], until=3)
+    assert (status[stopper]["done"], status[stopper]["epoch"]) == (True, 2)
+    assert (status[other]["done"], status[other]["epoch"]) == (True, 3)
+    assert read_manifest(segment(tmp_path / "with", stopper, 1))["early_stop"]
+    assert_bit_identical(state_of(segment(tmp_path / "with", other, 1))["model"],
+                         state_of(segment(tmp_path / "without", other, 1))["model"])
