@@ -7,6 +7,7 @@ from collections import Counter
 from pathlib import Path
 
 from .early_stop import EarlyStop, hint_for
+from .files import read_jsonl
 from .tries import tries_of
 
 COLUMNS = ["run", "strategy", "device", "model", "batch_size", "world_size", "cpus_per_task",
@@ -24,10 +25,6 @@ DIVERGED = "diverged"  # the early-end reason of a fused member whose loss turne
 FINISHED = ("ok", "early_stopped")  # runs that trained to their end (early_stop's included)
 
 
-def load_history(path: Path) -> list[dict]:
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
-
-
 def summarize_run(name: str, run: dict) -> dict:
     spec, res = run["spec"], run["resources"]
     row = {"run": name, "strategy": run["strategy"], "device": spec["device"], "model": spec["model"],
@@ -38,7 +35,7 @@ def summarize_run(name: str, run: dict) -> dict:
     path = run.get("metrics")
     if not path or not Path(path).is_file():
         return {**row, "status": "missing"}
-    history = load_history(path)
+    history = read_jsonl(path)
     manifest = Path(path).with_name("checkpoint.json")
     meta = json.loads(manifest.read_text()) if manifest.is_file() else {}
     row["fallbacks"] = " | ".join(meta.get("events", []))
@@ -394,7 +391,7 @@ def aggregate(runs: dict, out_dir: Path, plots_dir: Path, keep_missing: bool = F
     extra = [c for c in df.columns if c not in COLUMNS]
     df = df.reindex(columns=COLUMNS + extra)
     df.to_csv(out_dir / "summary.csv", index=False, float_format="%.6g")
-    histories = {r["run"]: load_history(runs[r["run"]]["metrics"])
+    histories = {r["run"]: read_jsonl(runs[r["run"]]["metrics"])
                  for r in rows if r["status"] in (*FINISHED, "incomplete", "pruned")}
     plot_all(df, histories, plots_dir)
     env = json.loads(environment.read_text()) if environment and environment.is_file() else {}

@@ -14,12 +14,13 @@ both cover small text files (the metric history) with the same manifest.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
 import time
 from pathlib import Path
+
+from .files import file_digest, read_jsonl
 
 MANIFEST = "checkpoint.json"
 METRICS = "metrics.jsonl"  # one JSON line per epoch, in every published checkpoint
@@ -48,17 +49,9 @@ def atomic_write_text(path: Path, text: str) -> None:
     fsync_dir(path.parent)
 
 
-def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def describe_files(root: Path) -> dict:
     """Every file but the manifest (DCP's own ``shards/.metadata`` included)."""
-    return {str(p.relative_to(root)): {"size": p.stat().st_size, "sha256": sha256_file(p)}
+    return {str(p.relative_to(root)): {"size": p.stat().st_size, "sha256": file_digest(p, "sha256")}
             for p in sorted(root.rglob("*")) if p.is_file() and p.name != MANIFEST}
 
 
@@ -89,7 +82,7 @@ def read_manifest(directory: Path, verify: bool = True) -> dict:
             if f.stat().st_size != want["size"]:
                 raise CheckpointError(f"truncated checkpoint: {f} has {f.stat().st_size} bytes, "
                                       f"expected {want['size']}")
-            if sha256_file(f) != want["sha256"]:
+            if file_digest(f, "sha256") != want["sha256"]:
                 raise CheckpointError(f"corrupt checkpoint: {f} fails its sha256 check")
     return manifest
 
@@ -98,7 +91,7 @@ def read_metrics(directory: Path) -> list[dict]:
     """The epoch records of a checkpoint directory (or of a metrics.jsonl path)."""
     path = Path(directory)
     path = path if path.name == METRICS else path / METRICS
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return read_jsonl(path)
 
 
 def staging_path(directory: Path) -> Path:

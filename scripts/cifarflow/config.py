@@ -25,6 +25,20 @@ SHAPING_FIELDS = ("strategy", "model", "model_args", "epochs", "batch_size", "op
                   "momentum", "weight_decay", "scheduler", "warmup_epochs", "seed", "world_size",
                   "lr_scaling", "amp", "data_id")
 
+# A segment with a time budget T stops at min(STOP_FRACTION x T, T - margin_s): room for its
+# final checkpoint. The engine keeps that rule (stop_after); autosize inverts it (budget_for).
+STOP_FRACTION = 0.8
+
+
+def stop_after(budget_s: float, margin_s: float) -> float:
+    """Seconds into a budget of ``budget_s`` at which a segment stops training."""
+    return min(STOP_FRACTION * budget_s, budget_s - margin_s)
+
+
+def budget_for(train_s: float, margin_s: float) -> float:
+    """The smallest budget whose stop_after is ``train_s``: what a segment must ask for."""
+    return max(train_s / STOP_FRACTION, train_s + margin_s)
+
 
 @functools.cache
 def schema() -> dict:
@@ -96,7 +110,7 @@ class TrainConfig:
     backend: str                   # auto | gloo | nccl | mpi
     lr_scaling: str
     data_id: str
-    margin_s: float                # segment stops at min(0.8 T, T - margin)
+    margin_s: float                # segment stops at stop_after(T, margin_s)
     budget_s: float                # 0: the job's runtime is the budget
     elastic: bool                  # may resume on another world size at an epoch boundary
     early_stop: dict               # train.early_stop (cifarflow.early_stop)

@@ -8,7 +8,6 @@ channel-major rows) and ``labels``.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import pickle
@@ -16,6 +15,8 @@ import tarfile
 from pathlib import Path
 
 import numpy as np
+
+from .files import file_digest
 
 CIFAR_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
 CIFAR_MD5 = "c58f30108f718f92721af3b95e74349a"
@@ -32,14 +33,6 @@ IMAGE_BYTES = 3 * 32 * 32
 
 class DatasetError(RuntimeError):
     """A dataset problem the user can fix; the message says how."""
-
-
-def md5sum(path: Path, chunk: int = 1 << 20) -> str:
-    digest = hashlib.md5()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def download_archive(url: str, md5: str, dest_dir: Path) -> Path:
@@ -65,7 +58,7 @@ def verify_archive(path: Path, md5: str) -> None:
     path = Path(path)
     if not path.is_file():
         raise DatasetError(f"archive not found: {path}")
-    actual = md5sum(path)
+    actual = file_digest(path, "md5")
     if actual != md5:
         raise DatasetError(
             f"md5 mismatch for {path}: expected {md5}, got {actual}. The file is truncated "
@@ -86,10 +79,10 @@ def extract_archive(archive: Path, out_dir: Path) -> Path:
     files = {}
     for name in TRAIN_FILES + [TEST_FILE]:
         images, labels = read_batch(batches / name)
-        files[name] = {"md5": md5sum(batches / name), "images": int(len(labels))}
+        files[name] = {"md5": file_digest(batches / name, "md5"), "images": int(len(labels))}
     meta = read_pickle(batches / META_FILE)
-    files[META_FILE] = {"md5": md5sum(batches / META_FILE)}
-    manifest = {"archive_md5": md5sum(archive), "files": files,
+    files[META_FILE] = {"md5": file_digest(batches / META_FILE, "md5")}
+    manifest = {"archive_md5": file_digest(archive, "md5"), "files": files,
                 "label_names": meta.get("label_names", LABEL_NAMES)}
     (batches / MANIFEST).write_text(json.dumps(manifest, indent=2))
     return batches
@@ -189,7 +182,7 @@ def write_synthetic_archive(path: Path, train_size: int, test_size: int, seed: i
             info.size, info.mtime, info.mode = len(blob), 0, 0o644
             tar.addfile(info, io.BytesIO(blob))
     tmp.replace(path)
-    return md5sum(path)
+    return file_digest(path, "md5")
 
 
 def _batch_dict(images: np.ndarray, labels: np.ndarray, label: str) -> dict:

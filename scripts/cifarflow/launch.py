@@ -8,26 +8,14 @@ The training rules start every segment under it, so the same rule works under
 from __future__ import annotations
 
 import os
-import re
 import shlex
-import subprocess
 import sys
 
-
-def allocation_tasks(job_id: str) -> int | None:
-    """NumTasks of the job, from scontrol: the Snakemake jobstep strips SLURM_NTASKS & co.
-    from the environment of the job's command."""
-    try:
-        out = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True,
-                             text=True, timeout=20).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    found = re.search(r"NumTasks=(\d+)", out)
-    return int(found.group(1)) if found else None
+from .slurm import job_tasks
 
 
 def launch_argv(nproc: int, command: list[str], nodes: int = 1, cpus_per_task: int = 1,
-                self_spawning: bool = False, environ=os.environ, tasks_of=allocation_tasks) -> list[str]:
+                self_spawning: bool = False, environ=os.environ, tasks_of=job_tasks) -> list[str]:
     if environ.get("SLURM_JOB_ID"):
         ntasks = tasks_of(environ["SLURM_JOB_ID"])
         if ntasks is not None and ntasks != nproc:

@@ -1,18 +1,20 @@
 """Does the plan fit the cluster? What the plan submits, against what Slurm allows.
 
-Read where Slurm tells: ``scontrol show config`` (MaxJobCount, MaxArraySize, whether there
-is accounting), ``scontrol show partition`` (MaxTime), and with accounting ``sacctmgr``
-(MaxSubmitJobs of the user's association and QOS). A segment runtime above the partition's
-MaxTime is an error with the way out; more jobs per round than the submit limit suggests a
-pack size. Where Slurm says nothing, one line says so. No torch here.
+Read where Slurm tells (through ``slurm``): ``scontrol show config`` (MaxJobCount,
+MaxArraySize, whether there is accounting), ``scontrol show partition`` (MaxTime), and with
+accounting ``sacctmgr`` (MaxSubmitJobs of the user's association and QOS). A segment
+runtime above the partition's MaxTime is an error with the way out; more jobs per round
+than the submit limit suggests a pack size. Where Slurm says nothing, one line says so.
+No torch here.
 """
 
 from __future__ import annotations
 
 import math
-import os
 import re
-import subprocess
+import os
+
+from . import slurm
 
 
 def slurm_minutes(text: str) -> float | None:
@@ -33,41 +35,20 @@ def slurm_minutes(text: str) -> float | None:
     return parts[0] * 60 + parts[1] + parts[2] / 60
 
 
-def fields(text: str) -> dict:
-    """key=value pairs of scontrol's one-record output (or `key = value` lines)."""
-    found = dict(re.findall(r"(\w+)=(\S*)", text))
-    found.update(re.findall(r"^(\w+)\s+=\s+(.*?)\s*$", text, flags=re.M))
-    return found
-
-
-def _run(argv: list[str]) -> str | None:
-    try:
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=15)
-    except (OSError, subprocess.TimeoutExpired):
+def read_limits(partition: str = "") -> dict | None:
+    """What Slurm says of its limits; None where there is no Slurm client (or it does not
+    answer)."""
+    conf = slurm.cluster_config()
+    if conf is None:
         return None
-    return out.stdout if out.returncode == 0 else None
-
-
-def read_limits(partition: str = "", run=_run) -> dict | None:
-    """What Slurm says of its limits; None where there is no Slurm client."""
-    config = run(["scontrol", "show", "config"])
-    if config is None:
-        return None
-    conf = fields(config)
     limits = {"max_job_count": conf.get("MaxJobCount"), "max_array_size": conf.get("MaxArraySize"),
               "accounting": "none" not in conf.get("AccountingStorageType", "none")}
-    records = scontrol_records("partition", run)
-    record = next((r for r in records if r.get("PartitionName") == partition
-                   or not partition and r.get("Default") == "YES"), {})
+    record = slurm.partition(partition)
     limits["partition"] = record.get("PartitionName", partition or "?")
     limits["max_time_min"] = slurm_minutes(record["MaxTime"]) if record.get("MaxTime") else None
     limits["max_submit"] = None
     if limits["accounting"]:
-        user = os.environ.get("USER", "")
-        assoc = run(["sacctmgr", "-n", "-P", "show", "assoc", f"where user={user}",
-                     "format=MaxSubmit"]) or ""
-        qos = run(["sacctmgr", "-n", "-P", "show", "qos", "format=MaxSubmitPU"]) or ""
-        values = [int(v) for v in (assoc + qos).split() if v.strip().isdigit()]
+        values = slurm.submit_limits(os.environ.get("USER", ""))
         limits["max_submit"] = min(values) if values else None
     return limits
 
@@ -114,12 +95,6 @@ def check_plan(runs: int, jobs_per_round: int, rounds: int, total_jobs: int, run
 
 # ---- does each job fit what the partition can ever give?
 
-def scontrol_records(kind: str, run=_run) -> list[dict]:
-    """Every record of `scontrol show <kind>` (partition, node), hidden ones too."""
-    out = run(["scontrol", "-a", "-o", "show", kind]) or ""
-    return [fields(line) for line in out.splitlines() if line.strip()]
-
-
 def _number(text, default=None):
     return int(text) if str(text).isdigit() else default
 
@@ -155,12 +130,12 @@ def partition_capacity(partition: dict, nodes: list[dict]) -> dict:
             "max_mem_per_node": _number(partition.get("MaxMemPerNode"))}
 
 
-def read_partitions(run=_run) -> dict[str, dict] | None:
+def read_partitions(records=slurm.records) -> dict[str, dict] | None:
     """Every partition's capacity, by name (the default's as ''); None without Slurm."""
-    partitions = scontrol_records("partition", run)
+    partitions = records("partition")
     if not partitions:
         return None
-    nodes = scontrol_records("node", run)
+    nodes = records("node")
     found = {p.get("PartitionName"): partition_capacity(p, nodes) for p in partitions}
     default = next((p["PartitionName"] for p in partitions if p.get("Default") == "YES"), None)
     if default:

@@ -6,9 +6,10 @@ pending for a reason that does not clear by itself, once. No torch here."""
 from __future__ import annotations
 
 import os
-import subprocess
 import threading
 from typing import Callable
+
+from . import slurm
 
 # squeue reasons a job keeps until someone changes it, the partition or the cluster
 STUCK = {
@@ -56,13 +57,8 @@ def describe(job: dict) -> str:
             "checks the plan against the partition)")
 
 
-def squeue_pending(run=subprocess.run) -> str:
-    try:
-        out = run(["squeue", "--me", "-h", "-t", "PD", "-o", FORMAT], capture_output=True,
-                  text=True, timeout=15)
-    except (OSError, subprocess.TimeoutExpired):
-        return ""
-    return out.stdout if out.returncode == 0 else ""
+def squeue_pending() -> str:
+    return slurm.pending_jobs(FORMAT)
 
 
 class PendingWatch:

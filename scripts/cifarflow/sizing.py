@@ -12,6 +12,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from .config import budget_for
+
 MIN_MEM_MB = 256  # below this the Python interpreter and torch do not start
 
 
@@ -53,7 +55,7 @@ def autosized(mem_mb: int, runtime: int, measured: Measured | None, next_epochs:
               margin: float, margin_s: float) -> Request:
     """Segment k+1's request from segment k's measurement: memory a margin above the
     measured peak, runtime the measured time per epoch x the epochs to come x the margin,
-    plus the engine's stop margin (it stops at min(0.8 x runtime, runtime - margin_s)).
+    plus the engine's stop margin (config.budget_for: it stops at config.stop_after).
     Never above the configured request."""
     if measured is None:
         return Request(mem_mb, runtime, "")
@@ -62,7 +64,7 @@ def autosized(mem_mb: int, runtime: int, measured: Measured | None, next_epochs:
     minutes = runtime
     if measured.epochs > 0 and next_epochs > 0:
         need_s = measured.wall_s / measured.epochs * next_epochs * margin
-        minutes = min(runtime, max(1, math.ceil(max(need_s / 0.8, need_s + margin_s) / 60)))
+        minutes = min(runtime, max(1, math.ceil(budget_for(need_s, margin_s) / 60)))
         why.append(f"runtime {minutes} min ({measured.wall_s / measured.epochs:.0f} s per "
                    f"epoch x {next_epochs} x {margin:g}, and the stop margin)")
     return Request(mem, minutes, "autosize from the previous segment: " + ", ".join(why))

@@ -18,7 +18,8 @@ import socket
 import time
 from pathlib import Path
 
-from .data import MANIFEST, DatasetError, md5sum
+from .data import MANIFEST, DatasetError
+from .files import file_digest
 
 STAGED = ".staged.json"  # written last, by the process that copied and verified the split
 
@@ -76,7 +77,7 @@ def stage_into(batches: Path, root: Path, say=print) -> Path:
         sizes = {}
         for name, entry in manifest["files"].items():
             shutil.copyfile(batches / name, target / name)
-            if md5sum(target / name) != entry["md5"]:
+            if file_digest(target / name, "md5") != entry["md5"]:
                 raise DatasetError(f"{target / name}: md5 differs from {batches / MANIFEST} "
                                    "after the copy to node-local disk (the source changed or "
                                    "the copy is damaged); rerun extract_dataset")

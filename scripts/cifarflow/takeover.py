@@ -14,10 +14,10 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import subprocess
 import time
 from pathlib import Path
 
+from . import slurm
 from .tries import INVOCATION, job_id, read
 
 WAIT_S = 600  # the longest a cancelled try may take to checkpoint and end
@@ -43,16 +43,6 @@ def open_tries(entries: list[dict]) -> list[dict]:
             (e.get("invocation"), e["segment"], e["attempt"], e.get("job_id")) not in ends]
 
 
-def slurm_job_alive(job: str) -> bool:
-    """Pending, running, suspended or completing (squeue lists no ended job by default)."""
-    try:
-        out = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True,
-                             text=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired):
-        return True  # unknown: assume alive, and let the cancel and the wait decide
-    return out.returncode == 0 and bool(out.stdout.strip())
-
-
 def process_alive(entry: dict) -> bool:
     """A try outside Slurm: its process, on this host, still a `cifarflow train`."""
     if entry.get("host") != socket.gethostname() or not entry.get("pid"):
@@ -65,12 +55,16 @@ def process_alive(entry: dict) -> bool:
 
 
 def alive(entry: dict) -> bool:
-    return slurm_job_alive(entry["job_id"]) if entry.get("job_id") else process_alive(entry)
+    """Its Slurm job still listed (no answer from squeue: assumed alive, and the cancel and
+    the wait decide), or its process still running."""
+    if entry.get("job_id"):
+        return slurm.job_alive(entry["job_id"]) is not False
+    return process_alive(entry)
 
 
 def cancel(entry: dict) -> None:
     if entry.get("job_id"):
-        subprocess.run(["scancel", entry["job_id"]], capture_output=True, timeout=30)
+        slurm.cancel(entry["job_id"])
     else:
         os.kill(entry["pid"], signal.SIGTERM)
 

@@ -13,9 +13,11 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
 import time
 from pathlib import Path
+
+from . import slurm
+from .files import read_jsonl
 
 TRIES = "tries.jsonl"
 INVOCATION = "CIFARFLOW_INVOCATION"  # set by the workflow's main process, inherited by jobs
@@ -54,31 +56,9 @@ def record(run_dir, segment: int, attempt: int, event: str, **fields) -> None:
 
 
 def read(run_dir) -> list[dict]:
+    """The run's entries (a line cut by a kill mid-write is dropped: files.read_jsonl)."""
     path = Path(run_dir) / TRIES
-    if not path.is_file():
-        return []
-    entries = []
-    for line in path.read_text().splitlines():
-        try:
-            entries.append(json.loads(line))
-        except ValueError:
-            continue  # a line cut by a kill mid-write: the others still count
-    return entries
-
-
-def slurm_state(job: str) -> str | None:
-    """The job's state: sacct where there is accounting, else squeue (while the controller
-    remembers the job: MinJobAge)."""
-    for argv in (["sacct", "-n", "-X", "-P", "-j", job, "-o", "State"],
-                 ["squeue", "-h", "-j", job, "--states=all", "-o", "%T"]):
-        try:
-            out = subprocess.run(argv, capture_output=True, text=True, timeout=10)
-        except (OSError, subprocess.TimeoutExpired):
-            continue
-        words = out.stdout.split()
-        if out.returncode == 0 and words:
-            return words[0].rstrip("+")  # "CANCELLED by 0" -> CANCELLED
-    return None
+    return read_jsonl(path) if path.is_file() else []
 
 
 # what Slurm writes into a step's output when it kills it for memory: the cgroup's OOM
@@ -105,7 +85,7 @@ def killed_for_memory(logs_dir, segment: int, attempt: int) -> bool:
 
 
 def tries_of(run_dir, segment: int | None, invocation: str | None = None,
-             state_of=slurm_state, logs_dir=None) -> list[dict]:
+             state_of=slurm.job_state, logs_dir=None) -> list[dict]:
     """The tries of ``segment`` (of all, for None) in this invocation (in all, where none
     is set), oldest first, each with how it ended: its own end record, else its Slurm
     job's state or what Slurm wrote in its log (``logs_dir``: the run's training logs)

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from conftest import ROOT, served_tarball, snakemake
+from cifarflow.files import file_digest
 from cifarflow import data
 
 LOCAL = ROOT / "tests/configs/local/config.yaml"
@@ -21,7 +22,7 @@ def served(tmp_path_factory):
 
 def source_config(tmp_path, source, archive, url) -> list:
     """The local test config with data.source set as a user would edit it."""
-    md5 = data.md5sum(archive)
+    md5 = file_digest(archive, "md5")
     keys = {"synthetic": {"source": "synthetic"},
             "archive": {"source": "archive", "archive": str(archive), "md5": md5},
             "download": {"source": "download", "url": url, "md5": md5}}[source]
@@ -33,7 +34,7 @@ def source_config(tmp_path, source, archive, url) -> list:
 def extracted_md5(workdir) -> str:
     """The md5 of the extracted test batch (a synthetic tarball's own md5 changes with the
     time stamp in its gzip header)."""
-    return data.md5sum(workdir / "results/data/cifar-10-batches-py" / data.TEST_FILE)
+    return file_digest(workdir / "results/data/cifar-10-batches-py" / data.TEST_FILE, "md5")
 
 
 def test_every_switch_of_data_source_reruns_fetch_and_extract(tmp_path, served):
@@ -47,7 +48,7 @@ def test_every_switch_of_data_source_reruns_fetch_and_extract(tmp_path, served):
         assert "fetch_dataset" in out.stdout + out.stderr, source
         used.append(extracted_md5(work))
     synthetic = used[0]
-    real = data.md5sum(archive.parent / data.BATCHES_DIR / data.TEST_FILE)
+    real = file_digest(archive.parent / data.BATCHES_DIR / data.TEST_FILE, "md5")
     assert synthetic != real
     assert used == [synthetic, real, real, synthetic, real, real, synthetic]
     nothing = snakemake(work, "-n", "extract_dataset",
@@ -77,7 +78,7 @@ def test_training_follows_the_switch_from_the_demo_to_real_data(tmp_path, served
     snakemake(work, "--cores", 2, configfile=source_config(tmp_path, "synthetic", archive, url))
     snakemake(work, "--cores", 2, configfile=source_config(tmp_path, "download", archive, url))
     spec = json.loads((work / "results/runs/cpu/spec.json").read_text())
-    assert spec["data_id"] == data.md5sum(archive)
+    assert spec["data_id"] == file_digest(archive, "md5")
     history = [json.loads(line) for line in
                (work / "results/runs/cpu/segment-2/metrics.jsonl").read_text().splitlines()]
     assert len(history) == 3 and history[0]["epoch"] == 1  # trained again from the start

@@ -6,6 +6,7 @@ import pytest
 
 from conftest import served_tarball
 from cifarflow import data
+from cifarflow.files import file_digest
 from cifarflow.loaders import Split, TensorBatches, TorchvisionBatches, shard, epoch_order
 
 
@@ -50,14 +51,14 @@ def test_truncated_archive_is_a_clear_error(tmp_path):
     cut = tmp_path / "cut.tar.gz"
     cut.write_bytes(archive.read_bytes()[: archive.stat().st_size // 2])
     with pytest.raises(data.DatasetError, match="md5 mismatch"):
-        data.verify_archive(cut, data.md5sum(archive))
+        data.verify_archive(cut, file_digest(archive, "md5"))
     with pytest.raises(data.DatasetError, match="truncated or corrupt"):
         data.extract_archive(cut, tmp_path / "out")
 
 
 def test_archive_source_verifies_and_links(tmp_path):
     src = data.prepare_archive("synthetic", tmp_path / "a", synthetic={"train_size": 50, "test_size": 10})
-    md5 = data.md5sum(src)
+    md5 = file_digest(src, "md5")
     linked = data.prepare_archive("archive", tmp_path / "b", archive=str(src), md5=md5)
     assert linked.resolve() == src.resolve()
     with pytest.raises(data.DatasetError, match="md5 mismatch"):
@@ -149,26 +150,26 @@ def fetch_and_extract(source, dest, archive, url, md5):
     target = data.prepare_archive(source, dest, **options)
     data_id = data.fetch_record(target)["data_id"]
     data.verify_archive(target, data.expected_md5(target, data_id, md5))
-    return data.md5sum(data.extract_archive(target, dest) / data.TEST_FILE)
+    return file_digest(data.extract_archive(target, dest) / data.TEST_FILE, "md5")
 
 
 def test_every_switch_of_source_works_in_place(tmp_path, served_archive):
     archive, url = served_archive
-    real_md5 = data.md5sum(archive)
-    real_test_batch = data.md5sum(archive.parent / data.BATCHES_DIR / data.TEST_FILE)
+    real_md5 = file_digest(archive, "md5")
+    real_test_batch = file_digest(archive.parent / data.BATCHES_DIR / data.TEST_FILE, "md5")
     dest = tmp_path / "results-data"
     order = ["synthetic", "archive", "download", "synthetic", "download", "archive", "synthetic"]
     seen = [fetch_and_extract(s, dest, archive, url, real_md5) for s in order]  # all 6 switches
     synthetic, real = seen[0], real_test_batch
     assert synthetic != real
     assert seen == [synthetic, real, real, synthetic, real, real, synthetic]
-    assert archive.is_file() and data.md5sum(archive) == real_md5  # never written through the link
+    assert archive.is_file() and file_digest(archive, "md5") == real_md5  # never written through the link
     assert not (dest / f"{data.ARCHIVE_NAME}.md5").exists()
 
 
 def test_a_tarball_fetched_for_another_source_is_refused(tmp_path, served_archive):
     archive, _ = served_archive
-    real_md5 = data.md5sum(archive)
+    real_md5 = file_digest(archive, "md5")
     target = data.prepare_archive("synthetic", tmp_path, synthetic=SMALL)
     # the config now says archive, but fetch_dataset did not run again
     with pytest.raises(data.DatasetError, match="data.source synthetic.*--forcerun fetch_dataset"):
@@ -186,9 +187,9 @@ def test_a_tarball_fetched_for_another_source_is_refused(tmp_path, served_archiv
 def test_the_demo_sidecar_of_an_older_version_is_ignored(tmp_path, served_archive):
     """An older version left <tarball>.md5 beside the synthetic tarball and preferred it."""
     archive, _ = served_archive
-    real_md5 = data.md5sum(archive)
+    real_md5 = file_digest(archive, "md5")
     data.prepare_archive("synthetic", tmp_path, synthetic=SMALL)
-    (tmp_path / f"{data.ARCHIVE_NAME}.md5").write_text(data.md5sum(tmp_path / data.ARCHIVE_NAME))
+    (tmp_path / f"{data.ARCHIVE_NAME}.md5").write_text(file_digest(tmp_path / data.ARCHIVE_NAME, "md5"))
     target = data.prepare_archive("archive", tmp_path, archive=str(archive), md5=real_md5)
     assert data.expected_md5(target, real_md5, real_md5) == real_md5
     assert not (tmp_path / f"{data.ARCHIVE_NAME}.md5").exists()

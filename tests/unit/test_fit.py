@@ -3,9 +3,10 @@
 reasons the controller names (real `squeue` lines)."""
 
 from cifarflow.config import with_defaults
-from cifarflow.limits import (check_fit, expand_hostlist, fields, job_shapes,
+from cifarflow.limits import (check_fit, expand_hostlist, job_shapes,
                               partition_capacity)
 from cifarflow.pending import PendingWatch, stuck_jobs
+from cifarflow.slurm import fields
 from cifarflow.plan import build_packs, build_runs
 
 PARTITIONS = """\

@@ -2,7 +2,8 @@
 
 import pytest
 
-from cifarflow.limits import check_plan, fields, slurm_minutes
+from cifarflow.limits import check_plan, slurm_minutes
+from cifarflow.slurm import fields
 
 
 @pytest.mark.parametrize("text, minutes", [

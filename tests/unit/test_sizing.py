@@ -7,6 +7,7 @@ import json
 import pytest
 
 from cifarflow import tries
+from cifarflow.config import budget_for, stop_after
 from cifarflow.sizing import Measured, Policy, Request, after_out_of_memory, autosized
 
 
@@ -36,13 +37,23 @@ def test_autosize_asks_a_margin_above_the_measurement_never_above_the_config():
     r = autosized(4000, 30, m, next_epochs=2, margin=1.3, margin_s=60)
     assert r.mem_mb == 800                     # 610 x 1.3 = 793, rounded up to 100 MB
     # 60 s per epoch x 2 x 1.3 = 156 s of training; the engine stops at 0.8 x runtime
-    # or runtime - 60 s: 195 s, so 4 minutes
+    # or runtime - 60 s, whichever is first: 216 s, so 4 minutes
     assert r.runtime == 4
     assert "peak 610 MB x 1.3" in r.why and "60 s per epoch x 2" in r.why
     big = Measured(peak_node_mb=5000, wall_s=3000, epochs=1, end_epoch=1)
     assert (autosized(4000, 30, big, 1, 1.3, 60).mem_mb,
             autosized(4000, 30, big, 1, 1.3, 60).runtime) == (4000, 30)
     assert autosized(4000, 30, None, 2, 1.3, 60) == Request(4000, 30, "")
+
+
+@pytest.mark.parametrize("train_s, margin_s, budget_s", [
+    (156, 60, 216), (400, 60, 500), (240, 60, 300), (0, 60, 60), (100, 0, 125)])
+def test_the_request_and_the_engines_stop_follow_one_rule(train_s, margin_s, budget_s):
+    """A budget autosize asks for lets the engine train exactly as long as it needs: the
+    stop (the fraction of the budget, or the budget less the margin) is met exactly."""
+    assert budget_for(train_s, margin_s) == pytest.approx(budget_s)
+    assert stop_after(budget_s, margin_s) == pytest.approx(train_s)
+    assert stop_after(budget_s - 1, margin_s) < train_s
 
 
 def test_an_out_of_memory_retry_asks_more_up_to_the_cap():

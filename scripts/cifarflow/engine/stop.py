@@ -8,7 +8,8 @@ import time
 
 import torch
 
-from .. import stop_signals
+from .. import slurm, stop_signals
+from ..config import stop_after
 
 
 def slurm_end_time() -> float | None:
@@ -16,26 +17,16 @@ def slurm_end_time() -> float | None:
     if os.environ.get("SLURM_JOB_END_TIME", "").isdigit():
         return float(os.environ["SLURM_JOB_END_TIME"])
     job = os.environ.get("SLURM_JOB_ID")
-    if not job:
-        return None
-    import subprocess
-    from datetime import datetime
-
-    try:
-        out = subprocess.run(["squeue", "-h", "-j", job, "-o", "%e"], capture_output=True,
-                             text=True, timeout=10).stdout.strip()
-        return datetime.fromisoformat(out).timestamp()
-    except (OSError, ValueError, subprocess.TimeoutExpired):
-        return None
+    return slurm.job_end_time(job) if job else None
 
 
 class StopController:
     """Whether to stop or save at this batch boundary: one value for all ranks.
 
     The Slurm executor forwards no warning signal and counts TIMEOUT as failure, so a
-    segment times itself: it stops at min(0.8 T, T - margin) of its budget T, leaving room
-    for the final checkpoint; SIGUSR2/SIGTERM are the backstop. Each rank contributes its
-    signal and deadline, rank 0 its save clock; one all-reduce (max) of the two flags makes
+    segment times itself: it stops ``config.stop_after(T, margin)`` seconds into its budget
+    T, leaving room for the final checkpoint; SIGUSR2/SIGTERM are the backstop. Each rank
+    contributes its signal and deadline, rank 0 its save clock; one all-reduce (max) of the two flags makes
     every rank stop or save at the same batch."""
 
     def __init__(self, budget_s: float | None, margin_s: float, strategy, start: float,
@@ -43,11 +34,10 @@ class StopController:
         self.strategy, self.interval_s = strategy, interval_s
         deadlines = []
         if budget_s:
-            deadlines.append(start + min(0.8 * budget_s, budget_s - margin_s))
+            deadlines.append(start + stop_after(budget_s, margin_s))
         end = slurm_end_time()
         if end:
-            remaining = end - start
-            deadlines.append(start + min(0.8 * remaining, remaining - margin_s))
+            deadlines.append(start + stop_after(end - start, margin_s))
         self.deadline = min(deadlines) if deadlines else math.inf
         self.last_save = time.time()
         stop_signals.listen()

@@ -7,8 +7,8 @@ from __future__ import annotations
 import os
 import resource
 import socket
-import subprocess
-from datetime import datetime
+
+from .. import slurm
 
 
 def rank_usage() -> dict:
@@ -24,15 +24,7 @@ def rank_usage() -> dict:
 def queue_wait_s(job_id: str | None = None) -> float | None:
     """Seconds between the job's submission and its start (squeue %V, %S)."""
     job_id = job_id or os.environ.get("SLURM_JOB_ID")
-    if not job_id:
-        return None
-    try:
-        out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%V|%S"], capture_output=True,
-                             text=True, timeout=10).stdout.strip()
-        submit, start = (datetime.fromisoformat(t) for t in out.split("|"))
-    except (OSError, ValueError, subprocess.TimeoutExpired):
-        return None
-    return (start - submit).total_seconds()
+    return slurm.job_queue_wait_s(job_id) if job_id else None
 
 
 def ended_as(reason: str | None) -> str:

@@ -56,10 +56,15 @@ def apply_cuda_switches(cfg) -> None:
 
 
 class Strategy:
-    name: ClassVar[str] = ""
-    config_sections: ClassVar[tuple] = ()  # sections besides train/resources it reads
+    """Every class attribute a strategy may set is here, with what it means; a strategy
+    says what it is through them and overrides a method only to add behaviour."""
+    name: ClassVar[str] = ""               # its name in config.strategies ("": a shared base)
+    config_sections: ClassVar[tuple] = ()  # its sections besides train/resources (sweep keys apply)
     sweep_keys: ClassVar[dict] = {}        # its own sweep keys: name -> (label, section)
+    processes_from: ClassVar[str] = ""     # "section.key" holding its process count ("": one)
+    fixed_settings: ClassVar[dict] = {}    # process settings it has whatever the config says
     device_kind: ClassVar[str] = "cpu"     # cpu | cuda: what a single process trains on
+    gpu_per_rank: ClassVar[bool] = True    # on cuda, a GPU per rank (False: all ranks share one)
     launched: ClassVar[bool] = False       # several processes, started by `cifarflow launch`
     self_spawning: ClassVar[bool] = False  # starts its own workers outside Slurm
     channels_last_params: ClassVar[bool] = True  # FSDP shards only contiguous parameters
@@ -72,12 +77,16 @@ class Strategy:
     # ---- workflow side (no torch) ------------------------------------------------------
     @classmethod
     def world_size(cls, sections: dict) -> int:
-        return 1
+        if not cls.processes_from:
+            return 1
+        section, key = cls.processes_from.split(".")
+        return int(sections[section][key])
 
     @classmethod
     def process_settings(cls, sections: dict) -> dict:
         """nodes, device, backend and lr_scaling of the run's TrainConfig."""
-        return {"nodes": 1, "device": cls.device_kind, "backend": "auto", "lr_scaling": "none"}
+        return {"nodes": 1, "device": cls.device_kind, "backend": "auto", "lr_scaling": "none",
+                **cls.fixed_settings}
 
     @classmethod
     def job_resources(cls, cfg, res: dict) -> dict:
@@ -98,7 +107,9 @@ class Strategy:
 
     @classmethod
     def gpus_per_node(cls, cfg) -> int:
-        return 1 if cfg.device == "cuda" else 0
+        if cfg.device != "cuda":
+            return 0
+        return cfg.world_size // cfg.nodes if cls.gpu_per_rank else 1
 
     @classmethod
     def launcher(cls, python: str, run) -> str:

@@ -11,10 +11,11 @@ from __future__ import annotations
 import os
 import re
 import socket
-import subprocess
 from dataclasses import dataclass
 
-from .base import Strategy, StrategyError, apply_cuda_switches, require_cuda
+from ..slurm import first_hostname
+from .base import StrategyError, apply_cuda_switches, require_cuda
+from .multiprocess import MultiProcessStrategy
 
 
 @dataclass
@@ -46,13 +47,9 @@ def shared_gpus(gpus: list) -> list[int]:
 
 def first_host(nodelist: str) -> str:
     """First host of a Slurm hostlist such as ``cn[0012-0014,0020],gpu7``."""
-    try:
-        out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True,
-                             text=True, timeout=10)
-        if out.returncode == 0 and out.stdout.split():
-            return out.stdout.split()[0]
-    except (OSError, subprocess.TimeoutExpired):
-        pass
+    host = first_hostname(nodelist)
+    if host:
+        return host
     m = re.match(r"([^,\[]+)(?:\[([^\]]+)\])?", nodelist.strip())
     if not m:
         raise StrategyError(f"cannot parse SLURM_JOB_NODELIST {nodelist!r}")
@@ -109,45 +106,19 @@ def resolve(addr: str) -> str:
         raise StrategyError(f"cannot resolve master address {addr!r}: {exc}") from exc
 
 
-class MultiProcessStrategy(Strategy):
-    """Several processes started by `cifarflow launch` (config section `distributed`): how
-    they are planned and described. Who builds the process group is the subclass's choice
-    (DDPStrategy here; Lightning's Trainer)."""
-    config_sections = ("distributed",)
-    sweep_keys = {"world_size": ("ws", "distributed")}
-    launched = True
-
-    @classmethod
-    def world_size(cls, sections):
-        return int(sections["distributed"]["world_size"])
-
-    @classmethod
-    def process_settings(cls, sections):
-        d = sections["distributed"]
-        return {k: d[k] for k in ("nodes", "device", "backend", "lr_scaling")}
-
-    @classmethod
-    def gpus_per_node(cls, cfg):
-        return cfg.world_size // cfg.nodes if cfg.device == "cuda" else 0  # one per task
-
-    def backend(self, cuda: bool) -> str:
-        return self.cfg.backend if self.cfg.backend != "auto" else ("nccl" if cuda else "gloo")
-
-    def describe(self):
-        return {**super().describe(), "backend": self.backend_name,
-                "lr_scaling": self.cfg.lr_scaling, "effective_lr": self.cfg.effective_lr()}
-
-
 class DDPStrategy(MultiProcessStrategy):
+    """The process group (gloo or nccl) over the launched ranks, and DDP. Where ranks sit
+    follows ``gpu_per_rank``: on cuda, its own GPU each (two ranks on one GPU is then a
+    wrong request, refused), or all on GPU 0 (mps)."""
     name = "ddp"
-    gpu_per_rank = True  # two ranks on one GPU is a wrong request (mps shares on purpose)
 
     def pick_device(self, env: DistEnv) -> str:
         import torch
 
         if not self.uses_cuda():
             return "cpu"
-        index = gpu_index(env.local_rank, env.local_world_size, torch.cuda.device_count())
+        index = (gpu_index(env.local_rank, env.local_world_size, torch.cuda.device_count())
+                 if self.gpu_per_rank else 0)
         apply_cuda_switches(self.cfg)
         torch.cuda.set_device(index)
         return f"cuda:{index}"

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import os
 
-from .ddp import MultiProcessStrategy, StrategyError
+from .base import StrategyError
+from .multiprocess import MultiProcessStrategy
 
 
 class LightningStrategy(MultiProcessStrategy):

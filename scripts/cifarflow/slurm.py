@@ -1,0 +1,156 @@
+"""Every question this project asks Slurm (squeue, scontrol, sacct, sacctmgr), and the one
+thing it tells it (scancel): each command line once, one timeout, one error policy.
+
+A command runs at most ``TIMEOUT_S`` seconds, in a session of its own, so a timeout kills
+everything it started. Its ``Reply`` says how it went: ``ok`` (its output, which counts
+only then), ``missing`` (no such command: no Slurm client here), ``timeout``, or ``failed``
+(its exit status and stderr). Nothing here raises or waits longer; each query says what
+an unanswered question is to it (None: unknown). No torch.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+from dataclasses import dataclass
+from datetime import datetime
+
+TIMEOUT_S = 20.0  # a busy slurmctld answers within seconds; a hung one must not hang a job
+
+
+@dataclass(frozen=True)
+class Reply:
+    argv: tuple
+    status: str       # ok | missing | timeout | failed
+    stdout: str = ""  # what it printed; empty unless ok
+    detail: str = ""  # why not, in one line: for a log
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+def ask(argv: list[str], timeout_s: float | None = None) -> Reply:
+    """Run one Slurm client command; never raises, never outlives ``timeout_s``."""
+    timeout_s = TIMEOUT_S if timeout_s is None else timeout_s
+    try:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                stdin=subprocess.DEVNULL, text=True, start_new_session=True)
+    except OSError as exc:  # not installed, not executable
+        return Reply(tuple(argv), "missing", detail=f"{argv[0]}: {exc.strerror or exc}")
+    with proc:
+        try:
+            out, err = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # its session: what it started goes too
+            proc.wait()
+            return Reply(tuple(argv), "timeout",
+                         detail=f"{argv[0]}: no answer within {timeout_s:g} s")
+    if proc.returncode != 0:
+        return Reply(tuple(argv), "failed", "", f"{argv[0]}: exit status {proc.returncode}: "
+                     + (err.strip().splitlines() or [""])[-1])
+    return Reply(tuple(argv), "ok", out)
+
+
+def fields(text: str) -> dict:
+    """key=value pairs of scontrol's one-record output (or `key = value` lines)."""
+    found = dict(re.findall(r"(\w+)=(\S*)", text))
+    found.update(re.findall(r"^(\w+)\s+=\s+(.*?)\s*$", text, flags=re.M))
+    return found
+
+
+def _timestamp(text: str) -> float | None:
+    try:
+        return datetime.fromisoformat(text.strip()).timestamp()
+    except ValueError:  # N/A, Unknown, empty
+        return None
+
+
+# ---- one job --------------------------------------------------------------------------
+def job_end_time(job: str) -> float | None:
+    """When the job's time limit ends (unix time); None where unknown."""
+    reply = ask(["squeue", "-h", "-j", job, "-o", "%e"])
+    return _timestamp(reply.stdout)
+
+
+def job_queue_wait_s(job: str) -> float | None:
+    """Seconds between the job's submission and its start; None where unknown."""
+    reply = ask(["squeue", "-h", "-j", job, "-o", "%V|%S"])
+    submit, _, start = reply.stdout.strip().partition("|")
+    times = _timestamp(submit), _timestamp(start)
+    return times[1] - times[0] if None not in times else None
+
+
+def job_alive(job: str) -> bool | None:
+    """Pending, running, suspended or completing (squeue lists no ended job by default);
+    False where squeue refuses the id (the controller forgot it); None: no answer."""
+    reply = ask(["squeue", "-h", "-j", job, "-o", "%T"])
+    if reply.status in ("missing", "timeout"):
+        return None
+    return reply.ok and bool(reply.stdout.strip())
+
+
+def job_state(job: str) -> str | None:
+    """The job's state (CANCELLED, OUT_OF_MEMORY, ...): sacct where there is accounting,
+    else squeue while the controller remembers the job (MinJobAge); None where unknown."""
+    for argv in (["sacct", "-n", "-X", "-P", "-j", job, "-o", "State"],
+                 ["squeue", "-h", "-j", job, "--states=all", "-o", "%T"]):
+        words = ask(argv).stdout.split()
+        if words:
+            return words[0].rstrip("+")  # "CANCELLED by 0" -> CANCELLED
+    return None
+
+
+def job_tasks(job: str) -> int | None:
+    """NumTasks of the job (the Snakemake jobstep strips SLURM_NTASKS from its command)."""
+    found = re.search(r"NumTasks=(\d+)", ask(["scontrol", "show", "job", job]).stdout)
+    return int(found.group(1)) if found else None
+
+
+def cancel(job: str) -> Reply:
+    return ask(["scancel", job])
+
+
+# ---- the cluster ----------------------------------------------------------------------
+def first_hostname(nodelist: str) -> str | None:
+    """First host of a Slurm hostlist (``cn[0012-0014],gpu7``), as Slurm expands it."""
+    names = ask(["scontrol", "show", "hostnames", nodelist]).stdout.split()
+    return names[0] if names else None
+
+
+def cluster_config() -> dict | None:
+    """``scontrol show config`` as key/value pairs; None where Slurm does not answer."""
+    reply = ask(["scontrol", "show", "config"])
+    return fields(reply.stdout) if reply.ok else None
+
+
+def partition(name: str = "") -> dict:
+    """The partition's record (the default partition's for ""); {} where unknown."""
+    reply = ask(["scontrol", "show", "partition", "-o"] + ([name] if name else []))
+    records = [fields(line) for line in reply.stdout.splitlines() if line.strip()]
+    default = [r for r in records if not name and r.get("Default") == "YES"]
+    return (default or records or [{}])[0]
+
+
+def records(kind: str) -> list[dict]:
+    """Every record of ``scontrol show <kind>`` (partition, node), hidden ones too; [] where
+    Slurm does not answer."""
+    reply = ask(["scontrol", "-a", "-o", "show", kind])
+    return [fields(line) for line in reply.stdout.splitlines() if line.strip()]
+
+
+def pending_jobs(format: str) -> str:
+    """This user's pending jobs, one line each in squeue's ``format``; "" where Slurm
+    does not answer."""
+    return ask(["squeue", "--me", "-h", "-t", "PD", "-o", format]).stdout
+
+
+def submit_limits(user: str) -> list[int]:
+    """MaxSubmitJobs of the user's associations and MaxSubmitPU of the QOSes (sacctmgr,
+    with accounting): every limit that is set."""
+    text = "".join(ask(argv).stdout for argv in (
+        ["sacctmgr", "-n", "-P", "show", "assoc", f"where user={user}", "format=MaxSubmit"],
+        ["sacctmgr", "-n", "-P", "show", "qos", "format=MaxSubmitPU"]))
+    return [int(v) for v in text.split() if v.strip().isdigit()]

@@ -1,0 +1,145 @@
+"""Every Slurm query through one module: the command lines it runs, what it reads from
+their answers, and its one error policy (a missing command, a failure, a timeout: a typed
+reply, never an exception or a hang). Slurm's clients are stood in for by executables on
+PATH that print what Slurm prints (tests/slurm asks the real ones)."""
+
+import shutil
+import time
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from cifarflow import limits, slurm, takeover, tries
+from cifarflow.launch import launch_argv
+
+SLEEP = shutil.which("sleep")
+
+
+@pytest.fixture
+def fake_bin(tmp_path, monkeypatch):
+    """A PATH of stand-ins only (no real Slurm client reachable); each logs its argv."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    monkeypatch.setenv("PATH", str(bin_dir))
+    calls = tmp_path / "calls"
+
+    def add(name: str, body: str) -> None:
+        path = bin_dir / name
+        path.write_text(f'#!/bin/sh\necho "{name} $*" >> {calls}\n{body}\n')
+        path.chmod(0o755)
+
+    add.calls = lambda: calls.read_text().splitlines() if calls.exists() else []
+    return add
+
+
+def test_a_missing_command_is_a_reply_not_an_error(fake_bin):
+    reply = slurm.ask(["squeue", "-h"])
+    assert (reply.status, reply.ok, reply.stdout) == ("missing", False, "")
+    assert reply.detail.startswith("squeue: ")
+    assert slurm.job_alive("12") is None and slurm.job_state("12") is None
+    assert slurm.job_end_time("12") is None and slurm.cluster_config() is None
+    assert limits.read_limits("short") is None  # the plan says: no Slurm client here
+
+
+def test_a_failed_command_gives_its_status_and_last_error_line(fake_bin):
+    fake_bin("squeue", 'echo "partial"; echo "warning" >&2; '
+                       'echo "slurm_load_jobs error: Invalid job id specified" >&2; exit 1')
+    reply = slurm.ask(["squeue", "-h", "-j", "99"])
+    assert reply.status == "failed" and reply.stdout == ""  # output counts only when ok
+    assert reply.detail == ("squeue: exit status 1: slurm_load_jobs error: Invalid job id "
+                            "specified")
+    assert slurm.job_alive("99") is False  # the controller forgot it: ended long ago
+
+
+def test_a_hung_command_is_killed_with_all_it_started(fake_bin, tmp_path):
+    pid_file = tmp_path / "child.pid"
+    fake_bin("scontrol", f"{SLEEP} 300 &\necho $! > {pid_file}\nwait")
+    t0 = time.monotonic()
+    reply = slurm.ask(["scontrol", "show", "config"], timeout_s=1)
+    assert reply.status == "timeout" and reply.detail == "scontrol: no answer within 1 s"
+    assert time.monotonic() - t0 < 60  # killed, not waited for (its child sleeps 300 s)
+    child = int(pid_file.read_text())
+    for _ in range(100):  # the orphan is reaped by init: gone or a zombie
+        stat = Path(f"/proc/{child}/stat")
+        if not stat.exists() or stat.read_text().split(")")[1].split()[0] == "Z":
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail(f"the hung command's child {child} still runs")
+
+
+def test_the_default_timeout_applies_to_every_query(fake_bin, monkeypatch):
+    fake_bin("squeue", f"exec {SLEEP} 300")
+    monkeypatch.setattr(slurm, "TIMEOUT_S", 0.5)
+    assert slurm.job_alive("12") is None  # unknown, so a take-over assumes it alive
+    assert takeover.alive({"job_id": "12"}) is True
+
+
+def test_job_queries_run_one_command_line_each(fake_bin):
+    fake_bin("squeue", 'case "$*" in\n'
+                       '  *%e*) echo 2031-05-04T10:20:30;;\n'
+                       '  *"%V|%S"*) echo "2031-05-04T10:00:00|2031-05-04T10:01:15";;\n'
+                       '  *--states=all*) echo "CANCELLED";;\n'
+                       '  *%T*) echo RUNNING;;\n'
+                       'esac')
+    fake_bin("scontrol", 'echo "JobId=12 JobName=x\n   NumNodes=1 NumCPUs=4 NumTasks=4 '
+                         'CPUs/Task=1"')
+    fake_bin("scancel", "")
+    assert slurm.job_end_time("12") == datetime(2031, 5, 4, 10, 20, 30).timestamp()
+    assert slurm.job_queue_wait_s("12") == 75.0
+    assert slurm.job_alive("12") is True
+    assert slurm.job_state("12") == "CANCELLED"  # no sacct here: squeue --states=all
+    assert slurm.job_tasks("12") == 4
+    assert slurm.cancel("12").ok
+    assert fake_bin.calls() == [
+        "squeue -h -j 12 -o %e", "squeue -h -j 12 -o %V|%S", "squeue -h -j 12 -o %T",
+        "squeue -h -j 12 --states=all -o %T", "scontrol show job 12", "scancel 12"]
+
+
+def test_callers_read_slurm_through_the_module(fake_bin, monkeypatch, tmp_path):
+    fake_bin("squeue", 'echo "N/A|N/A"')  # a pending job has no start yet
+    fake_bin("sacct", 'echo "OUT_OF_MEMORY+"')
+    fake_bin("scontrol", 'echo "JobId=7 NumTasks=4"')
+    assert slurm.job_queue_wait_s("7") is None
+    monkeypatch.delenv(tries.INVOCATION, raising=False)
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    tries.record(tmp_path, 1, 1, "start")  # killed: no end; sacct says why
+    assert [t["ended"] for t in tries.tries_of(tmp_path, 1)] == [tries.OUT_OF_MEMORY]
+    with pytest.raises(SystemExit, match="has 4 tasks but the run needs 2"):
+        launch_argv(2, ["true"], environ={"SLURM_JOB_ID": "7"})
+
+
+def test_job_state_prefers_accounting_and_drops_its_suffixes(fake_bin):
+    fake_bin("sacct", 'echo "CANCELLED by 0"')
+    fake_bin("squeue", "echo RUNNING")
+    assert slurm.job_state("5") == "CANCELLED"
+    assert fake_bin.calls() == ["sacct -n -X -P -j 5 -o State"]
+
+
+def test_read_limits_asks_scontrol_and_sacctmgr(fake_bin, monkeypatch):
+    fake_bin("scontrol", 'case "$*" in\n'
+                         '  "show config") printf "MaxJobCount             = 10000\\n'
+                         'MaxArraySize            = 1001\\n'
+                         'AccountingStorageType   = accounting_storage/slurmdbd\\n";;\n'
+                         '  "show partition -o") echo "PartitionName=short Default=NO '
+                         'MaxTime=00:05:00"; echo "PartitionName=cpubase Default=YES '
+                         'MaxTime=3:00:00";;\n'
+                         '  "show partition -o short") echo "PartitionName=short Default=NO '
+                         'MaxTime=00:05:00";;\n'
+                         'esac')
+    fake_bin("sacctmgr", 'case "$*" in *assoc*) echo 250;; *qos*) printf "\\n100\\n";; esac')
+    monkeypatch.setenv("USER", "alice")
+    assert limits.read_limits("") == {
+        "max_job_count": "10000", "max_array_size": "1001", "accounting": True,
+        "partition": "cpubase", "max_time_min": 180.0, "max_submit": 100}
+    assert limits.read_limits("short")["max_time_min"] == 5
+    assert "sacctmgr -n -P show assoc where user=alice format=MaxSubmit" in fake_bin.calls()
+
+
+def test_first_host_expands_through_scontrol_else_parses(fake_bin):
+    from cifarflow.strategies.ddp import first_host
+
+    assert first_host("cn[0012-0014,0020],gpu7") == "cn0012"  # no scontrol: parsed
+    fake_bin("scontrol", "echo node-a; echo node-b")
+    assert first_host("whatever") == "node-a"
