@@ -1,5 +1,6 @@
 """Where a run's and a pack's files live under ``results/``: the one copy of the path
-templates, for the workflow (common.smk) and the jobs (the pack driver) alike."""
+templates, of the names of a segment's try logs and of a segment's ``cifarflow train``
+arguments, for the workflow (workflow.py) and the jobs (the pack driver, tries) alike."""
 
 from __future__ import annotations
 
@@ -39,6 +40,59 @@ class RunPaths:
 
     def log(self, k: int) -> str:
         return f"{self.logs}/segment-{k}.log"
+
+    def attempt_log(self, k: int, attempt: int, requeue: int = 0) -> str:
+        """The log of one try of segment k, kept beside segment-<k>.log."""
+        return f"{self.logs}/{attempt_log_name(f'segment-{k}', attempt, requeue)}"
+
+    def train_args(self, k: int, *, data: str, until_epoch: int, stage: str) -> list[str]:
+        """`cifarflow train`'s arguments for segment k but its job's (try_args): where it reads
+        and writes; all else is in the run's spec.json. One copy, for the segment rule
+        (workflow.py) and a pack's members (pack.py)."""
+        args = ["--spec", self.spec, "--data", data, "--out", self.segment(k), "--work",
+                self.work, "--until-epoch", str(until_epoch), "--tensorboard", self.tensorboard,
+                "--stage-data", stage]
+        if int(k) > 1:
+            args += ["--resume", self.segment(int(k) - 1)]
+        return args
+
+
+def try_args(threads, budget_min, mem_mb, attempt) -> list[str]:
+    """The rest of `cifarflow train`'s arguments: what this try's job got (the rule passes
+    Snakemake's placeholders, which a retry changes)."""
+    return ["--threads", str(threads), "--budget-min", str(budget_min), "--mem-mb", str(mem_mb),
+            "--attempt", str(attempt)]
+
+
+# One try of a segment: segment-<k>.attempt<n>.log, plus .requeue<r> when Slurm requeued
+# the same job (Snakemake empties the rule's log before a retry; these stay).
+ATTEMPT = ".attempt{attempt}"
+REQUEUE = ".requeue{requeue}"
+ATTEMPT_NUMBER = re.compile(r"\.attempt(\d+)(?:\.requeue\d+)?\.log$")
+
+
+def attempt_log_name(stem: str, attempt: int, requeue: int = 0) -> str:
+    return (stem + ATTEMPT.format(attempt=attempt)
+            + (REQUEUE.format(requeue=requeue) if requeue else "") + ".log")
+
+
+def attempt_logs_pattern(stem: str, attempt: int | str = "*") -> str:
+    """A glob of the try logs of `stem` (segment-<k>): of one attempt, or all (``*``)."""
+    return f"{stem}{ATTEMPT.format(attempt=attempt)}.*log"
+
+
+def attempt_number(name: str) -> int | None:
+    found = ATTEMPT_NUMBER.search(name)
+    return int(found.group(1)) if found else None
+
+
+def tee_attempt_log(log: str = "{log}", attempt: str = "{resources.attempt}",
+                    restarts: str = "CIFARFLOW_SLURM_RESTART_COUNT") -> str:
+    """A Snakemake shell snippet, the end of a pipe: what the command prints goes to the
+    rule's log and to the try's own log beside it (attempt_log_name, built in the shell from
+    the job's attempt and Slurm's restart count)."""
+    name = ATTEMPT.format(attempt=attempt) + f"$([ $R = 0 ] || echo {REQUEUE.format(requeue='$R')})"
+    return (f"tee $(L={log}; R=${{{{{restarts}:-0}}}}; echo ${{{{L%.log}}}}{name}.log) > {log}")
 
 
 def pack_marker(results: str, pack: str, k: int) -> str:

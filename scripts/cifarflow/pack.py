@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 import time
@@ -27,19 +26,15 @@ from pathlib import Path
 
 from .checkpoint import CheckpointError, atomic_write_text, read_manifest
 from .config import TrainConfig
-from .layout import RunPaths
+from .layout import RunPaths, attempt_logs_pattern, attempt_number, try_args
 
 
 def member_argv(paths: RunPaths, k: int, data: str, until_epoch: int, threads: int,
                 budget_min: float, attempt: int, mem_mb: int, stage: str = "none") -> list[str]:
     """The member's `cifarflow train`, exactly as an unpacked segment job runs it."""
-    argv = [sys.executable, "-m", "cifarflow", "train", "--spec", paths.spec, "--data", data,
-            "--out", paths.segment(k), "--work", paths.work, "--until-epoch", str(until_epoch),
-            "--tensorboard", paths.tensorboard]
-    if k > 1:
-        argv += ["--resume", paths.segment(k - 1)]
-    return argv + ["--threads", str(threads), "--budget-min", str(budget_min),
-                   "--attempt", str(attempt), "--mem-mb", str(mem_mb), "--stage-data", stage]
+    return [sys.executable, "-m", "cifarflow", "train",
+            *paths.train_args(k, data=data, until_epoch=until_epoch, stage=stage),
+            *try_args(threads, budget_min, mem_mb, attempt)]
 
 
 def fused_argv(pack: str, k: int, members: list[str], results: str, data: str, until_epoch: int,
@@ -65,10 +60,9 @@ def slurm_step(argv: list[str], run: str, cpus: int, mem_per_cpu: int, gpus: int
 def next_attempt(paths: RunPaths, k: int) -> int:
     """This member's own try of segment k: one more than the logs of its earlier tries
     (a member that succeeded is not retried when another member failed)."""
-    log = Path(paths.log(k))
-    tries = log.parent.glob(f"{log.stem}.attempt*.log") if log.parent.is_dir() else []
-    numbers = [int(m[1]) for p in tries if (m := re.search(r"\.attempt(\d+)\.log$", p.name))]
-    return max(numbers, default=0) + 1
+    logs = Path(paths.logs)
+    tries = logs.glob(attempt_logs_pattern(f"segment-{k}")) if logs.is_dir() else []
+    return max(filter(None, (attempt_number(p.name) for p in tries)), default=0) + 1
 
 
 def already_trained(paths: RunPaths, k: int, until_epoch: int) -> dict | None:
@@ -114,7 +108,7 @@ def run_pack(pack: str, k: int, members: list[str], results: str, data: str,
                 argv = slurm_step(argv, run, threads, mem_per_cpu, gpus)
             log = Path(paths.log(k))
             log.parent.mkdir(parents=True, exist_ok=True)
-            attempt_log = log.with_name(f"{log.stem}.attempt{attempt}.log")
+            attempt_log = Path(paths.attempt_log(k, attempt))
             with open(attempt_log, "w") as out:
                 proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
             if log.is_symlink() or log.exists():

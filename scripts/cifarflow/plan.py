@@ -57,7 +57,8 @@ class Pack:
     members: list                # run names, in plan order
     member_resources: dict       # the request of one member (what each run asks alone)
     segment_epochs: list
-    fuse: str = ""               # "" (a process per member), or the fusion: auto, vmap, loop
+    kind: str = "steps"          # how its job trains the members (workflow.PACK_KINDS)
+    fuse: str = ""               # fused: one process trains all (auto, vmap, loop); "": not
 
 
 @dataclass
@@ -174,7 +175,7 @@ def build_packs(runs: dict[str, Run], runs_per_job: int, fuse: str = "") -> dict
             n = count[strategy] = count.get(strategy, 0) + 1
             name = f"{strategy}-pack{n:03d}"
             packs[name] = Pack(name, strategy, [r.name for r in chunk], dict(chunk[0].resources),
-                               list(chunk[0].segment_epochs), fuse if fused else "")
+                               list(chunk[0].segment_epochs), fuse=fuse if fused else "")
     return packs
 
 

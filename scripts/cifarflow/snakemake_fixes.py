@@ -1,4 +1,4 @@
-"""A fix for Snakemake itself, applied by the workflow's main process (common.smk).
+"""A fix for Snakemake itself, applied by the workflow's main process (workflow.py).
 
 Snakemake 9 (seen with 9.27.1) loses a job it restarts (``--retries``, the Slurm profile's
 ``retries: 2``) when a checkpoint finishes before the restart is scheduled: the restarted

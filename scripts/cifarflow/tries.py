@@ -18,6 +18,7 @@ from pathlib import Path
 
 from . import slurm
 from .files import read_jsonl
+from .layout import attempt_logs_pattern
 
 TRIES = "tries.jsonl"
 INVOCATION = "CIFARFLOW_INVOCATION"  # set by the workflow's main process, inherited by jobs
@@ -72,7 +73,7 @@ def killed_for_memory(logs_dir, segment: int, attempt: int) -> bool:
     killed it for memory, where the job's state does not (the step's, not the job's)."""
     if not logs_dir:
         return False
-    for log in Path(logs_dir).glob(f"segment-{segment}.attempt{attempt}.*log"):
+    for log in Path(logs_dir).glob(attempt_logs_pattern(f"segment-{segment}", attempt)):
         try:
             with open(log, "rb") as f:
                 f.seek(max(0, log.stat().st_size - 20000))

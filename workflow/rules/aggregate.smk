@@ -8,7 +8,7 @@ report: "../report/workflow.rst"
 
 rule aggregate_results:
     input:
-        **final_metrics(),
+        **get_final_metrics(),
         env=rules.record_environment.output.info,
     output:
         summary=report(
@@ -27,11 +27,10 @@ rule aggregate_results:
     benchmark:
         f"{RESULTS}/benchmarks/aggregate_results.tsv"
     params:
-        cifarflow=CIFARFLOW,
+        cifarflow=PLAN.cifarflow,
         out_dir=lambda wildcards, output: Path(output.summary).parent,
     run:
-        # a file, not an argument: Linux caps one argument at 128 KiB (~150 runs)
-        write_runs_file(input, output.runs)
+        PLAN.write_runs_file(input, output.runs)
         shell(
             "{params.cifarflow} aggregate --runs {output.runs} --out-dir {params.out_dir}"
             " --plots-dir {output.plots} --env {input.env} > {log} 2>&1"
@@ -47,10 +46,10 @@ rule summarize_partial:
     log:
         f"{RESULTS}/logs/summarize_partial.log",
     params:
-        cifarflow=CIFARFLOW,
+        cifarflow=PLAN.cifarflow,
         out_dir=lambda wildcards, output: Path(output.summary).parent,
     run:
-        write_runs_file(existing_metrics(), output.runs)
+        PLAN.write_runs_file(PLAN.existing_metrics(), output.runs)
         shell(
             "{params.cifarflow} aggregate --runs {output.runs} --out-dir {params.out_dir}"
             " --plots-dir {params.out_dir}/plots --keep-missing > {log} 2>&1"

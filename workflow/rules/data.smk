@@ -6,14 +6,14 @@ localrules:
 
 rule fetch_dataset:
     output:
-        archive=f"{DATA_DIR}/cifar-10-python.tar.gz",
+        archive=f"{PLAN.data_dir}/cifar-10-python.tar.gz",
     log:
         f"{RESULTS}/logs/fetch_dataset.log",
     params:
-        cifarflow=CIFARFLOW,
+        cifarflow=PLAN.cifarflow,
         out_dir=lambda wildcards, output: Path(output.archive).parent,
         source=config["data"]["source"],
-        args=fetch_args(),
+        args=PLAN.fetch_args(),
     shell:
         "{params.cifarflow} fetch-data --source {params.source} --out-dir {params.out_dir}"
         " {params.args} > {log} 2>&1"
@@ -23,14 +23,14 @@ rule extract_dataset:
     input:
         archive=rules.fetch_dataset.output.archive,
     output:
-        batches=directory(BATCHES),
+        batches=directory(PLAN.batches),
     log:
         f"{RESULTS}/logs/extract_dataset.log",
     params:
-        cifarflow=CIFARFLOW,
+        cifarflow=PLAN.cifarflow,
         out_dir=lambda wildcards, output: Path(output.batches).parent,
         md5=config["data"]["md5"],
-        data_id=data_identity(config["data"]),
+        data_id=PLAN.data_id,
     shell:
         "{params.cifarflow} extract-data --archive {input.archive} --md5 {params.md5} "
         "--data-id {params.data_id} --out-dir {params.out_dir} > {log} 2>&1"

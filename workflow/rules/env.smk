@@ -8,14 +8,14 @@ rule record_environment:
     log:
         f"{RESULTS}/logs/record_environment.log",
     resources:
-        **ENV_GPU,
-        **SLURM_PLACEMENT,
+        **PLAN.env_gpu,
+        **PLAN.slurm_placement,
         runtime=10,
         mem_mb=2000,
     params:
-        cifarflow=JOB_CIFARFLOW,
-        prologue=env_prologue(),
-        expect_gpu="--expect-gpu" if ENV_GPU else "",
+        cifarflow=PLAN.job_cifarflow,
+        prologue=PLAN.env_prologue(),
+        expect_gpu="--expect-gpu" if PLAN.env_gpu else "",
     shell:
         "{params.prologue}{params.cifarflow} record-env --out {output.info}"
         " --freeze {output.freeze} {params.expect_gpu} > {log} 2>&1"

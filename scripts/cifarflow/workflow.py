@@ -1,0 +1,482 @@
+"""The workflow's plan, built once from the config where Snakemake reads the rules
+(workflow/rules/common.smk wires it in through one-line ``get_*`` helpers): the runs, the
+packs and their segment chains, each segment job's command line and request, the job's
+software, the runs file aggregation reads, and the check of the plan against the cluster.
+
+Snakemake is not imported here: its checkpoints, its "not run yet" exception, its logger
+and its error class are handed in, so the plan is built and tested without a workflow.
+Functions a rule calls take Snakemake's arguments by name (``wildcards``, ``input``,
+``attempt``, ``resources``, ``threads``, ``output``). No torch.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shlex
+import sys
+import sysconfig
+import time
+from pathlib import Path
+from typing import Callable
+
+from .chain import Chain
+from .job_env import prologue
+from .layout import RunPaths, pack_marker, segment_number, try_args
+from .config import data_identity
+from .limits import check_fit, check_plan, job_shapes, read_limits, read_partitions
+from .pending import PendingWatch
+from .plan import (Pack, Run, build_packs, build_runs, check_user_models, describe_fusion,
+                   fuse_mode)
+from .strategies import get_strategy
+from .strategies.base import gpu_request
+from .tries import INVOCATION, out_of_memory_count
+
+
+class PlanError(Exception):
+    """A plan that cannot run; the workflow hands in Snakemake's WorkflowError instead."""
+
+
+def slurm_placement(slurm: dict, environ=os.environ) -> dict:
+    """slurm_account / slurm_partition for every job: config first, else the user's
+    environment (SLURM_ACCOUNT, SLURM_PARTITION); absent means the cluster's default."""
+    res = {}
+    for key in ("account", "partition"):
+        value = slurm[key] or environ.get(f"SLURM_{key.upper()}", "")
+        if value:
+            res[f"slurm_{key}"] = value
+    if slurm["extra"]:
+        res["slurm_extra"] = slurm["extra"]
+    return res
+
+
+def mem_per_cpu(mem_mb: int, cpus: int) -> int:
+    """Memory per core, rounded up: a member's memory may come to no less than it asked."""
+    return -(-int(mem_mb) // int(cpus))
+
+
+def installed_command(bin_dir, basedir, error: type[Exception] = PlanError) -> str:
+    """The `cifarflow` command of an environment, which must have this project installed."""
+    command = Path(bin_dir, "cifarflow")
+    if not command.exists():
+        raise error(f"{command} not found: install this project into that environment with "
+                    f"`pip install --no-deps -e {basedir}` (`make run` does it)")
+    return str(command)
+
+
+def fetch_args(data: dict) -> str:
+    """fetch-data's options from config.data, the synthetic generator's included."""
+    args = ["--url", data["url"], "--md5", data["md5"], "--archive", data["archive"] or ""]
+    args += [f"--{key.replace('_', '-')}={value}" for key, value in data["synthetic"].items()]
+    args += ["--data-id", data_identity(data)]
+    return shlex.join(args)
+
+
+def name_pattern(strategies) -> str:
+    """Run names are the strategy, or the strategy, '_' and the swept values (plan.py): a
+    short constraint, where listing a sweep's thousand names would be matched per job."""
+    return f"({'|'.join(map(re.escape, strategies))})(_[^/]+)?"
+
+
+def pack_name_pattern(strategy: str) -> str:
+    """The names build_packs gives a strategy's packs."""
+    return f"{re.escape(strategy)}-pack\\d+"
+
+
+class StepPack:
+    """The pack kind of pack.py (`cifarflow train-pack`): one task per member it trains, each
+    a Slurm step with the member's own cores, memory (per core, so members may spread over
+    nodes) and GPU, running the member's own `cifarflow train`; or, for a fused pack
+    (``Pack.fuse``), one task that trains them all as one model (`cifarflow train-fused`):
+    a member's cores, the members' memory together, one GPU. Another kind of pack is
+    another class with these members, named by ``Pack.kind``."""
+
+    # Snakemake's shell template: what a retry changes (the request) comes from `resources`
+    # there, never from params, which Snakemake keeps from the first try
+    command = ("{params.prologue}{params.cifarflow} train-pack {params.args}"
+               " --threads {resources.cpus_per_task} --budget-min {resources.runtime}"
+               " --mem-per-cpu {resources.mem_mb_per_cpu} --slots {threads}"
+               " --record {output.record}")
+
+    def args(self, plan: "WorkflowPlan", wildcards) -> str:
+        """The pack's segment: which members, where they read and write."""
+        pack, k = plan.packs[wildcards.pack], int(wildcards.segment)
+        first = plan.runs[pack.members[0]]  # the members share strategy, request and plan
+        options = {
+            "pack": pack.name,
+            "segment": k,
+            "results": plan.results,
+            "data": plan.batches,
+            "until-epoch": first.until_epoch(k),
+            "stage-data": plan.config["data"]["stage"],
+            "gpus": first.strategy_class.gpus_per_node(first.config),
+        }
+        if pack.fuse:
+            options["fuse"] = pack.fuse
+        args = [f"--{key}={value}" for key, value in options.items()]
+        return shlex.join(args + ["--members", *plan.pack_members(wildcards)])
+
+    @staticmethod
+    def tasks(plan: "WorkflowPlan", wildcards) -> int:
+        """One per member it trains; one for a fused pack."""
+        return 1 if plan.packs[wildcards.pack].fuse else len(plan.pack_members(wildcards))
+
+    def threads(self, plan: "WorkflowPlan", wildcards) -> int:
+        """Cores the local scheduler reserves: the members' together (a fused pack's one)."""
+        pack = plan.packs[wildcards.pack]
+        return self.tasks(plan, wildcards) * pack.member_resources["cpus_per_task"]
+
+    def resources(self, plan: "WorkflowPlan", strategy: str) -> dict:
+        """The request of a pack's segment. `mpi` tells the Slurm plugin not to wrap the job
+        in a step of its own: each member is one; empty for one member (the plugin refuses
+        an mpi job of one task), which the jobstep still runs outside a step of its own."""
+
+        def cpus(wildcards):
+            return plan.packs[wildcards.pack].member_resources["cpus_per_task"]
+
+        def tasks(wildcards):
+            return self.tasks(plan, wildcards)
+
+        def task_mem_mb(wildcards, attempt):
+            """A member's memory; a fused pack's one task holds every member's."""
+            fused = plan.packs[wildcards.pack].fuse
+            members = len(plan.pack_members(wildcards)) if fused else 1
+            return plan.pack_request(wildcards, attempt).mem_mb * members
+
+        res = {
+            "tasks": tasks,
+            "cpus_per_task": cpus,
+            "mem_mb_per_cpu": lambda wildcards, input, attempt: mem_per_cpu(
+                task_mem_mb(wildcards, attempt), cpus(wildcards)),
+            "runtime": lambda wildcards, input, attempt: plan.pack_request(
+                wildcards, attempt).runtime,
+            "mpi": lambda wildcards: "srun" if tasks(wildcards) > 1 else "",
+        }
+        if get_strategy(strategy).device_kind == "cuda":
+            model = plan.config["resources"]["gpu_model"]
+            res["gres"] = lambda wildcards: gpu_request(model, tasks(wildcards))["gres"]
+            res["tasks_per_gpu"] = 0
+            res["nodes"] = 1  # a pack's GPUs on one node
+        return res
+
+
+PACK_KINDS = {"steps": StepPack()}
+
+
+class WorkflowPlan:
+    """Everything the rules ask of the config, computed once per Snakemake process."""
+
+    # the segment job's command line, a Snakemake shell template: the request comes from
+    # `resources` (a retry changes it; params keep the first try's values)
+    segment_command = ("{params.prologue}{params.launch} {params.cifarflow} train {params.args} "
+                       + " ".join(try_args("{resources.cpus_per_task}", "{resources.runtime}",
+                                           "{resources.mem_mb}", "{resources.attempt}")))
+
+    def __init__(self, config: dict, basedir, runs: dict[str, Run], packs: dict[str, Pack], *,
+                 checkpoints=None, pending: type[Exception] = LookupError,
+                 error: type[Exception] = PlanError, log=logging.getLogger("cifarflow"),
+                 jobs_at_once: int | None = None, environ=os.environ,
+                 scripts_dir: str | None = None):
+        self.config, self.basedir = config, Path(basedir)
+        self.runs, self.packs = runs, packs
+        self.checkpoints, self.error, self.log = checkpoints, error, log
+        self.jobs_at_once = jobs_at_once
+        self.results = config["results"]
+        self.data_dir = f"{self.results}/data"
+        self.batches = f"{self.data_dir}/cifar-10-batches-py"
+        self.data_id = data_identity(config["data"])  # what shaped the data: its source
+        self.env = config["env"]
+        self.python = sys.executable if self.env["mode"] == "current" else "python"
+        # where snakemake runs (the local rules), and in jobs under env.mode current
+        self.cifarflow = installed_command(scripts_dir or sysconfig.get_path("scripts"),
+                                           self.basedir, error)
+        self.job_cifarflow = self.job_command()
+        self.prune = config["sweep"].get("prune")
+        self.max_segments = config["segments"]["count"] + config["segments"]["max_extra"]
+        self.packed = sorted({pack.strategy for pack in packs.values()})
+        self.unpacked = [s for s in config["strategies"] if s not in self.packed]
+        self.slurm_placement = slurm_placement(config["slurm"], environ)
+        self.env_gpu = self.env_gpu_request()
+        self.chain = Chain(runs, packs, self.prune, self.max_segments, self.segment_output,
+                           pending)
+        self.sizing_logged: set = set()
+
+    @classmethod
+    def from_config(cls, config: dict, basedir, **kw) -> "WorkflowPlan":
+        """The plan of a schema-complete config; a config it cannot plan raises ``error``."""
+        error = kw.get("error", PlanError)
+        try:
+            runs = build_runs(config)
+        except ValueError as exc:
+            raise error(f"config error: {exc}")
+        packs = build_packs(runs, config["pack"]["runs_per_job"], fuse_mode(config["pack"]["fuse"]))
+        return cls(config, basedir, runs, packs, **kw)
+
+    # ---- once, in the main process ------------------------------------------------------
+    def start_main_process(self, workdir: str = ".", on_slurm: Callable[[], bool] = lambda: False,
+                           environ=os.environ) -> None:
+        """What only the process that plans does (not every job again): mark this run of the
+        workflow (which tries of a segment are its own), fix Snakemake, check the user's
+        models (imports torch), write the run specs, say what the plan submits, and watch
+        for jobs pending forever while ``on_slurm()`` (it submits to Slurm, for real)."""
+        environ[INVOCATION] = f"{time.time():.0f}.{os.getpid()}"
+        from .snakemake_fixes import keep_restarted_jobs_ready
+
+        keep_restarted_jobs_ready()  # retried segments are not lost when a checkpoint finishes
+        try:
+            check_user_models(self.runs.values())
+        except ValueError as exc:
+            raise self.error(f"config error: {exc}")
+        self.write_specs()
+        self.announce()
+        self.check_against_cluster()
+        self.pending_watch = PendingWatch(workdir, self.log.warning,
+                                          self.config["slurm"]["pending_check_s"],
+                                          active=on_slurm).start()
+
+    def write_specs(self) -> None:
+        """The run's typed config, handed to every segment as one file (spec.json), written
+        where Snakemake plans, and only when it changed: its time stamp says when the run's
+        config last changed (a job per run would cost one Snakemake start each)."""
+        for run in self.runs.values():
+            run.config.write(RunPaths(self.results, run.name).spec, only_if_changed=True)
+
+    def announce(self) -> None:
+        """The log lines of pruning and packing."""
+        if self.prune:
+            self.log.info(
+                f"sweep.prune: the runs of each strategy are ranked on {self.prune['metric']} "
+                f"after segment(s) {', '.join(map(str, sorted(self.prune['at_segments'])))}; "
+                "the segments after a pruning point depend on that ranking and join the plan "
+                "once it is known")
+        per_job = self.config["pack"]["runs_per_job"]
+        if per_job > 1:
+            self.log.info(
+                f"pack: {sum(len(p.members) for p in self.packs.values())} runs of "
+                f"{', '.join(self.packed) or 'no strategy'} in {len(self.packs)} packs of up to "
+                f"{per_job}, one job per pack and segment"
+                + (f"; {', '.join(self.unpacked)} (several processes per run): one job per run "
+                   "and segment" if self.unpacked else ""))
+        if self.config["pack"]["fuse"] and self.packs:
+            self.log.info(describe_fusion(self.runs, self.packs))
+
+    def check_against_cluster(self, limits_of=read_limits, partitions_of=read_partitions) -> None:
+        """`snakemake -n` says what the plan submits and, where Slurm tells, whether it fits;
+        refusals stop a run with --jobs (profiles/slurm), else they are warnings."""
+        units = [p.members for p in self.packs.values()]
+        units += [[name] for name in self.runs if name not in self.chain.pack_of]
+        runtimes: dict = {}
+        for name, run in self.runs.items():
+            runtimes.setdefault(run.resources["runtime"], []).append(name)
+        segments = [len(self.runs[members[0]].segment_epochs) for members in units]
+        partition = self.slurm_placement.get("slurm_partition", "")
+        lines, errors = check_plan(
+            len(self.runs), len(units), max(segments), sum(segments), runtimes,
+            limits_of(partition), self.jobs_at_once)
+        errors += check_fit(job_shapes(self.runs, self.packs), partition, partitions_of())
+        for line in lines:
+            self.log.info(line)
+        if errors and self.jobs_at_once:
+            raise self.error("\n".join(errors))
+        for error in errors:
+            self.log.warning(f"WARNING: {error} (a run through profiles/slurm stops here)")
+
+    # ---- the jobs' software ---------------------------------------------------------------
+    def job_command(self) -> str:
+        """The engine in jobs, after the prologue. The venv of env.mode venv must have this
+        project installed; the one env.mode slurm_tmpdir builds holds env.requirements alone,
+        so the package comes from PYTHONPATH there."""
+        if self.env["mode"] == "venv":
+            installed_command(Path(self.env["venv"], "bin"), self.basedir, self.error)
+            return "cifarflow"
+        if self.env["mode"] == "slurm_tmpdir":
+            return "python -m cifarflow"
+        return self.cifarflow
+
+    def env_prologue(self, nodes: int = 1) -> str:
+        """What gives a job its software (config.env): cifarflow/job_env.py."""
+        return prologue(self.env, self.basedir, nodes)
+
+    def env_gpu_request(self) -> dict:
+        """One GPU of the kind the runs train on, for the environment check; {} if none does."""
+        if not any(run.strategy_class.gpus_per_node(run.config) for run in self.runs.values()):
+            return {}
+        return gpu_request(self.config["resources"]["gpu_model"], 1)
+
+    def fetch_args(self) -> str:
+        return fetch_args(self.config["data"])
+
+    # ---- a run's segments (one job per run and segment) ----------------------------------
+    def runs_of(self, strategy: str) -> list[str]:
+        return [name for name, run in self.runs.items() if run.strategy == strategy]
+
+    def per_run(self, strategy: str, value_of: Callable[[Run], object]):
+        """An attribute of a training rule, as one constant where all runs of the strategy
+        share it (Snakemake evaluates a function for every job, which a sweep of thousands of
+        jobs feels), else a function of the run wildcard."""
+        values = {name: value_of(self.runs[name]) for name in self.runs_of(strategy)}
+        if len(set(map(repr, values.values()))) == 1:
+            return next(iter(values.values()))
+        return lambda wildcards: values[wildcards.run]
+
+    def threads(self, strategy: str):
+        return self.per_run(strategy, lambda run: run.threads)
+
+    def prologue(self, strategy: str):
+        return self.per_run(strategy, lambda run: self.env_prologue(run.config.nodes))
+
+    def launch_prefix(self, strategy: str):
+        """What the training command starts under: the strategy's launcher and wrappers."""
+        return self.per_run(strategy,
+                            lambda run: run.strategy_class.command_prefix(self.python, run))
+
+    def previous_segment(self, wildcards):
+        k = int(wildcards.segment)
+        return RunPaths(self.results, wildcards.run).segment(k - 1) if k > 1 else []
+
+    def segment_args(self, wildcards) -> str:
+        """`cifarflow train`'s arguments for the segment job (RunPaths.train_args)."""
+        run, k = self.runs[wildcards.run], int(wildcards.segment)
+        return shlex.join(RunPaths(self.results, run.name).train_args(
+            k, data=self.batches, until_epoch=run.until_epoch(k),
+            stage=self.config["data"]["stage"]))
+
+    def sized_request(self, runs: list[str], k: int, previous: list, attempt: int, name: str):
+        """The request of segment k of `runs` (one, or a pack's members, who share one):
+        the configured one, or from the previous segment's measurement (resources.autosize),
+        with more memory after tries of this segment that ran out of it (retries only)."""
+        first = self.runs[runs[0]]
+        ooms = 0
+        if attempt > 1:
+            ooms = max(out_of_memory_count(RunPaths(self.results, run).root, k,
+                                           logs_dir=RunPaths(self.results, run).logs)
+                       for run in runs)
+        request = first.policy.request(previous, first.until_epoch(k), ooms)
+        if request.why and (name, k, attempt) not in self.sizing_logged:
+            self.sizing_logged.add((name, k, attempt))
+            self.log.info(f"{name} segment {k}: {request.why}")
+        return request
+
+    def segment_request(self, key: str):
+        """mem_mb or runtime of a segment job, sized (sized_request) once its input exists."""
+
+        def value(wildcards, input, attempt):
+            k = int(wildcards.segment)
+            previous = [input.previous] if k > 1 and Path(input.previous).is_dir() else []
+            return getattr(self.sized_request([wildcards.run], k, previous, attempt,
+                                              wildcards.run), key)
+
+        return value
+
+    def run_resources(self, strategy: str) -> dict:
+        """Rule resources, per run, plus `mpi`: its presence tells the Slurm jobstep not to
+        wrap the command in an srun step of its own, since our launcher starts the step.
+        Empty for one task (the plugin submits it as such; it refuses an mpi job of one task).
+        Memory and runtime are sized per segment (segment_request)."""
+        keys = sorted({key for name in self.runs_of(strategy) for key in self.runs[name].resources})
+        res = {key: self.per_run(strategy, lambda run, key=key: run.resources[key])
+               for key in keys}
+        res.update(mem_mb=self.segment_request("mem_mb"), runtime=self.segment_request("runtime"))
+        res.update(self.slurm_placement)
+        res["mpi"] = self.per_run(strategy,
+                                  lambda run: "srun" if run.config.world_size > 1 else "")
+        return res
+
+    # ---- a pack's segments (one job per pack and segment) --------------------------------
+    def pack_kind(self, strategy: str):
+        """How a strategy's packs train (PACK_KINDS); a strategy's packs share one kind."""
+        kinds = {pack.kind for pack in self.packs.values() if pack.strategy == strategy}
+        if len(kinds) != 1:
+            raise self.error(f"packs of {strategy}: one kind each, not {sorted(kinds)}")
+        return PACK_KINDS[kinds.pop()]
+
+    def pack_members(self, wildcards) -> list[str]:
+        """The runs a pack's segment job trains (all, but after pruning and in extra segments)."""
+        return self.chain.members(wildcards.pack, int(wildcards.segment))
+
+    def previous_pack_segment(self, wildcards):
+        k = int(wildcards.segment)
+        return pack_marker(self.results, wildcards.pack, k - 1) if k > 1 else []
+
+    def pack_specs(self, wildcards) -> list[str]:
+        return [RunPaths(self.results, run).spec for run in self.packs[wildcards.pack].members]
+
+    def pack_request(self, wildcards, attempt: int):
+        """One member's request, sized from all members' previous segments (sized_request)."""
+        k, members = int(wildcards.segment), self.pack_members(wildcards)
+        previous = [RunPaths(self.results, run).segment(k - 1) for run in members] if k > 1 else []
+        return self.sized_request(members, k, previous, attempt, wildcards.pack)
+
+    def pack_resources(self, strategy: str) -> dict:
+        return {**self.pack_kind(strategy).resources(self, strategy), **self.slurm_placement}
+
+    def pack_threads(self, strategy: str):
+        kind = self.pack_kind(strategy)
+        return lambda wildcards: kind.threads(self, wildcards)
+
+    def pack_args(self, strategy: str):
+        kind = self.pack_kind(strategy)
+        return lambda wildcards: kind.args(self, wildcards)
+
+    def pack_command(self, strategy: str) -> str:
+        """The pack job's command line (a shell template), built by its kind."""
+        return self.pack_kind(strategy).command
+
+    # ---- the chains, and what aggregation reads -------------------------------------------
+    def segment_output(self, run: str, k: int) -> str:
+        """Segment k of a run, once its job (its own, or its pack's) ran: until then the
+        checkpoint's "not run yet" exception, which schedules that job."""
+        train_rule = getattr(self.checkpoints, f"train_{self.runs[run].strategy}")
+        if run in self.chain.pack_of:
+            train_rule.get(pack=self.chain.pack_of[run], segment=k)
+            return RunPaths(self.results, run).segment(k)
+        return train_rule.get(run=run, segment=k).output.ckpt
+
+    def final_segment(self, run: str) -> str:
+        try:
+            return self.chain.final_segment(run)
+        except ValueError as exc:
+            raise self.error(str(exc))
+
+    def final_metrics(self) -> dict:
+        """One input function per run: each waits on its own chain, so Snakemake schedules
+        all runs at once (an unpack()ed function would wake them one at a time)."""
+        return {run: (lambda wildcards, run=run: f"{self.final_segment(run)}/metrics.jsonl")
+                for run in self.runs}
+
+    def existing_metrics(self) -> dict[str, str]:
+        """The most advanced finished segment of each run that has one."""
+        found = {}
+        for name in self.runs:
+            segments = sorted(Path(RunPaths(self.results, name).root).glob(
+                "segment-*/metrics.jsonl"), key=segment_number)
+            if segments:
+                found[name] = str(segments[-1])
+        return found
+
+    def runs_file(self, metrics) -> dict:
+        """What aggregation needs to know about each run, metrics path included: `metrics`
+        maps run names to their last metrics.jsonl (rule input or what exists)."""
+        metrics = {name: str(metrics[name]) for name in self.runs if name in metrics.keys()}
+        return {
+            name: {
+                "strategy": run.strategy,
+                "swept": run.swept,
+                "spec": run.spec,
+                "resources": run.resources,
+                "segments": segment_number(metrics.get(name, "")),
+                "metrics": metrics.get(name),
+                "pruned_at": self.chain.known_pruned_at(name),
+                "planned_segments": len(run.segment_epochs),
+                "logs": RunPaths(self.results, name).logs,
+            }
+            for name, run in self.runs.items()
+        }
+
+    def write_runs_file(self, metrics, path) -> None:
+        """The runs file (runs_file), a file, not an argument: Linux caps one argument at
+        128 KiB (~150 runs)."""
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(self.runs_file(metrics), indent=1) + "\n")

@@ -1,0 +1,367 @@
+"""The workflow's plan in-process (cifarflow/workflow.py), as common.smk builds it: each
+segment job's command line (the same as a pack member's), requests (autosize, a retry after
+out of memory, a pack's memory per core), Slurm placement, the runs file, the check against
+the cluster's limits, the jobs' command. No Snakemake runs here."""
+
+import copy
+import json
+import subprocess
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from cifarflow.config import data_identity
+import yaml
+
+from conftest import ROOT
+from cifarflow import tries
+from cifarflow.cli import parser
+from cifarflow.config import with_defaults
+from cifarflow.layout import (RunPaths, attempt_log_name, attempt_logs_pattern, attempt_number,
+                              tee_attempt_log)
+from cifarflow.pack import member_argv, next_attempt
+from cifarflow.workflow import (PlanError, WorkflowPlan, fetch_args, installed_command,
+                                mem_per_cpu, slurm_placement)
+
+BASE = with_defaults(yaml.safe_load((ROOT / "config" / "config.yaml").read_text()))
+NO_SLURM_ENV = {}  # placement from the config alone
+
+
+class Log:
+    def __init__(self):
+        self.infos, self.warnings = [], []
+
+    def info(self, line):
+        self.infos.append(line)
+
+    def warning(self, line):
+        self.warnings.append(line)
+
+
+class Pending(Exception):
+    """Snakemake's IncompleteCheckpointException, as the workflow hands it in."""
+
+
+class Checkpoints:
+    """Snakemake's `checkpoints` as segment_output asks it: a segment's output once it ran."""
+
+    def __init__(self, results):
+        self.results = results
+
+    def __getattr__(self, rule):
+        def get(run=None, pack=None, segment=None):
+            path = Path(RunPaths(self.results, run).segment(segment)) if run else \
+                Path(self.results, "packs", pack, f"segment-{segment}.json")
+            if not path.exists():
+                raise Pending(path)
+            return SimpleNamespace(output=SimpleNamespace(ckpt=str(path)))
+
+        return SimpleNamespace(get=get)
+
+
+def config(tmp_path, **over):
+    cfg = copy.deepcopy(BASE)
+    cfg["results"] = str(tmp_path / "results")
+    for key, value in over.items():
+        cfg[key] = {**cfg[key], **value} if isinstance(value, dict) and key != "sweep" else value
+    return cfg
+
+
+@pytest.fixture
+def bin_dir(tmp_path):
+    """An environment's bin directory with this project's command in it."""
+    d = tmp_path / "bin"
+    d.mkdir()
+    (d / "cifarflow").write_text("#!/bin/sh\n")
+    return d
+
+
+def make_plan(tmp_path, bin_dir, jobs_at_once=None, environ=NO_SLURM_ENV, **over):
+    cfg = config(tmp_path, **over)
+    return WorkflowPlan.from_config(cfg, ROOT, checkpoints=Checkpoints(cfg["results"]),
+                                    pending=Pending, log=Log(), jobs_at_once=jobs_at_once,
+                                    environ=environ, scripts_dir=str(bin_dir))
+
+
+def wildcards(**kw):
+    return SimpleNamespace(**{k: str(v) for k, v in kw.items()})
+
+
+def resources(**kw):
+    return SimpleNamespace(**kw)
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_a_segment_job_and_a_pack_member_run_the_same_command(tmp_path, bin_dir, k):
+    plan = make_plan(tmp_path, bin_dir, sweep={"lr": [0.1, 0.2]},
+                     segments={"count": 2}, train={"epochs": 4})
+    run = plan.runs["cpu_lr0p2"]
+    params = SimpleNamespace(prologue="", launch="", cifarflow="cifarflow",
+                             args=plan.segment_args(wildcards(run=run.name, segment=k)))
+    command = plan.segment_command.format(  # as Snakemake fills the rule's shell in
+        params=params, resources=resources(cpus_per_task=2, runtime=30, mem_mb=4000, attempt=3))
+    assert command.split()[:2] == ["cifarflow", "train"]
+    args = " ".join(command.split()[2:])
+    member = member_argv(RunPaths(plan.results, run.name), k, plan.batches, run.until_epoch(k),
+                         2, 30, 3, 4000, plan.config["data"]["stage"])
+    assert member[1:4] == ["-m", "cifarflow", "train"]
+    assert args.split() == member[4:]
+    parsed = parser().parse_args(["train", *args.split()])
+    paths = RunPaths(plan.results, run.name)
+    assert (parsed.spec, parsed.out, parsed.work, parsed.tensorboard) == \
+        (paths.spec, paths.segment(k), paths.work, paths.tensorboard)
+    assert parsed.resume == (paths.segment(1) if k == 2 else None)
+    assert (parsed.until_epoch, parsed.threads, parsed.budget_min, parsed.mem_mb,
+            parsed.attempt) == (2 * k, 2, 30.0, 4000, 3)
+
+
+def test_a_pack_job_command_is_what_train_pack_reads(tmp_path, bin_dir):
+    plan = make_plan(tmp_path, bin_dir, sweep={"lr": [0.1, 0.2, 0.3]}, pack={"runs_per_job": 2})
+    assert sorted(plan.packs) == ["cpu-pack001", "cpu-pack002"] and plan.packed == ["cpu"]
+    assert plan.unpacked == []
+    w = wildcards(pack="cpu-pack001", segment=1)
+    res = plan.pack_resources("cpu")
+    params = SimpleNamespace(prologue="", cifarflow="cifarflow", args=plan.pack_args("cpu")(w))
+    command = plan.pack_command("cpu").format(
+        params=params, resources=resources(cpus_per_task=2, runtime=30, mem_mb_per_cpu=2000),
+        threads=4, output=SimpleNamespace(record="rec.json"))
+    assert command.split()[0] == "cifarflow"
+    parsed = parser().parse_args(command.split()[1:])
+    assert parsed.command == "train-pack"
+    assert parsed.members == ["cpu_lr0p1", "cpu_lr0p2"]
+    assert (parsed.pack, parsed.segment, parsed.results, parsed.data) == \
+        ("cpu-pack001", 1, plan.results, plan.batches)
+    assert (parsed.threads, parsed.budget_min, parsed.mem_per_cpu, parsed.slots, parsed.gpus,
+            parsed.record) == (2, 30.0, 2000, 4, 0, "rec.json")
+    assert res["tasks"](w) == 2 and res["mpi"](w) == "srun" and plan.pack_threads("cpu")(w) == 4
+    assert res["tasks"](wildcards(pack="cpu-pack002", segment=1)) == 1
+    assert res["mpi"](wildcards(pack="cpu-pack002", segment=1)) == ""
+
+
+def test_a_pack_asks_memory_per_core_rounded_up(tmp_path, bin_dir):
+    assert mem_per_cpu(4000, 3) == 1334 and mem_per_cpu(4000, 2) == 2000
+    plan = make_plan(tmp_path, bin_dir, sweep={"lr": [0.1, 0.2]}, pack={"runs_per_job": 2},
+                     resources={"mem_mb": 1000, "cpus_per_task": 3})
+    res = plan.pack_resources("cpu")
+    w = wildcards(pack="cpu-pack001", segment=1)
+    assert res["cpus_per_task"](w) == 3
+    assert res["mem_mb_per_cpu"](w, None, 1) == 334
+    assert res["runtime"](w, None, 1) == plan.config["resources"]["runtime"]
+
+
+def write_segment(paths: RunPaths, k, epoch, peak_mb, wall_s):
+    d = Path(paths.segment(k))
+    d.mkdir(parents=True)
+    history = [{"segment": f"segment-{k}", "wall_s": wall_s, "epoch": epoch,
+                "peak_rss_mb": peak_mb, "peak_rss_mb_per_node": {"n1": peak_mb}}]
+    (d / "checkpoint.json").write_text(json.dumps({"epoch": epoch, "segment_runs": history}))
+    return str(d)
+
+
+def test_autosize_sizes_segment_2_from_segment_1_and_says_so_once(tmp_path, bin_dir):
+    plan = make_plan(tmp_path, bin_dir, train={"epochs": 4}, segments={"count": 2},
+                     resources={"autosize": True, "mem_mb": 4000, "runtime": 60,
+                                "autosize_margin": 1.5})
+    previous = write_segment(RunPaths(plan.results, "cpu"), 1, 2, peak_mb=1000, wall_s=120)
+    res = plan.run_resources("cpu")
+    w = wildcards(run="cpu", segment=2)
+    given = SimpleNamespace(previous=previous)
+    assert res["mem_mb"](w, given, 1) == 1500  # 1000 MB x 1.5
+    assert res["runtime"](w, given, 1) < 60
+    assert res["mem_mb"](wildcards(run="cpu", segment=1), SimpleNamespace(), 1) == 4000
+    res["mem_mb"](w, given, 1)
+    assert len([line for line in plan.log.infos if line.startswith("cpu segment 2: autosize")]) == 1
+
+
+def test_a_retry_after_out_of_memory_asks_more(tmp_path, bin_dir, monkeypatch):
+    monkeypatch.setenv(tries.INVOCATION, "now")
+    for name in ("RANK", "SLURM_PROCID", "LOCAL_RANK", "SLURM_JOB_ID", "CIFARFLOW_SLURM_JOB_ID"):
+        monkeypatch.delenv(name, raising=False)
+    plan = make_plan(tmp_path, bin_dir, sweep={"lr": [0.1, 0.2]}, pack={"runs_per_job": 2},
+                     resources={"mem_mb": 1000, "cpus_per_task": 2, "oom_factor": 2})
+    root = RunPaths(plan.results, "cpu_lr0p2").root
+    tries.record(root, 1, 1, "start")
+    tries.record(root, 1, 1, "end", ended=tries.OUT_OF_MEMORY)
+    unpacked = make_plan(tmp_path, bin_dir, sweep={"lr": [0.1, 0.2]},
+                         resources={"mem_mb": 1000, "cpus_per_task": 2, "oom_factor": 2})
+    mem = unpacked.run_resources("cpu")["mem_mb"]
+    assert mem(wildcards(run="cpu_lr0p2", segment=1), SimpleNamespace(), 1) == 1000  # a first try
+    assert mem(wildcards(run="cpu_lr0p2", segment=1), SimpleNamespace(), 2) == 2000
+    assert mem(wildcards(run="cpu_lr0p1", segment=1), SimpleNamespace(), 2) == 1000
+    per_cpu = plan.pack_resources("cpu")["mem_mb_per_cpu"]  # a pack: its hungriest member
+    assert per_cpu(wildcards(pack="cpu-pack001", segment=1), None, 2) == 1000
+
+
+def test_slurm_placement_from_the_config_else_the_environment(tmp_path, bin_dir):
+    slurm = {"account": "", "partition": "", "extra": ""}
+    assert slurm_placement(slurm, {}) == {}
+    env = {"SLURM_ACCOUNT": "def-pi", "SLURM_PARTITION": "short"}
+    assert slurm_placement(slurm, env) == {"slurm_account": "def-pi", "slurm_partition": "short"}
+    mine = {"account": "def-me", "partition": "", "extra": "--qos=high"}
+    assert slurm_placement(mine, env) == {"slurm_account": "def-me", "slurm_partition": "short",
+                                          "slurm_extra": "--qos=high"}
+    plan = make_plan(tmp_path, bin_dir, environ=env, sweep={"lr": [0.1, 0.2]},
+                     pack={"runs_per_job": 2})
+    assert plan.run_resources("cpu")["slurm_account"] == "def-pi"
+    assert plan.pack_resources("cpu")["slurm_partition"] == "short"
+
+
+def test_a_rule_attribute_is_one_value_where_the_runs_share_it(tmp_path, bin_dir):
+    plan = make_plan(tmp_path, bin_dir, sweep={"cpus_per_task": [1, 4], "lr": [0.1]})
+    threads = plan.threads("cpu")
+    assert threads(wildcards(run="cpu_cpus4_lr0p1")) == 4
+    assert threads(wildcards(run="cpu_cpus1_lr0p1")) == 1
+    assert make_plan(tmp_path, bin_dir, sweep={"lr": [0.1, 0.2]}).threads("cpu") == 2
+
+
+def test_the_runs_file_says_what_aggregation_needs(tmp_path, bin_dir):
+    plan = make_plan(tmp_path, bin_dir, sweep={"lr": [0.1, 0.2]}, segments={"count": 2},
+                     train={"epochs": 4})
+    for k in (2, 10):
+        d = Path(RunPaths(plan.results, "cpu_lr0p1").segment(k))
+        d.mkdir(parents=True)
+        (d / "metrics.jsonl").write_text("{}\n")
+    found = plan.existing_metrics()
+    assert found == {"cpu_lr0p1": f"{plan.results}/runs/cpu_lr0p1/segment-10/metrics.jsonl"}
+    out = tmp_path / "out" / "runs.json"
+    plan.write_runs_file(found, out)
+    runs = json.loads(out.read_text())
+    assert sorted(runs) == ["cpu_lr0p1", "cpu_lr0p2"]
+    first = runs["cpu_lr0p1"]
+    assert first["segments"] == 10 and first["metrics"] == found["cpu_lr0p1"]
+    assert first["strategy"] == "cpu" and first["swept"] == {"lr": 0.1}
+    assert first["planned_segments"] == 2 and first["pruned_at"] is None
+    assert first["logs"] == f"{plan.results}/logs/train/cpu_lr0p1"
+    assert first["spec"]["lr"] == 0.1 and first["resources"]["cpus_per_task"] == 2
+    assert runs["cpu_lr0p2"]["metrics"] is None and runs["cpu_lr0p2"]["segments"] is None
+
+
+def test_segment_output_waits_for_the_run_s_own_job_or_its_pack_s(tmp_path, bin_dir):
+    plan = make_plan(tmp_path, bin_dir, sweep={"lr": [0.1, 0.2, 0.3]}, pack={"runs_per_job": 2},
+                     strategies=["cpu", "ddp"])
+    with pytest.raises(Pending):
+        plan.segment_output("cpu_lr0p1", 1)
+    marker = Path(plan.results, "packs", "cpu-pack001", "segment-1.json")
+    marker.parent.mkdir(parents=True)
+    marker.write_text("{}")
+    assert plan.segment_output("cpu_lr0p2", 1) == RunPaths(plan.results, "cpu_lr0p2").segment(1)
+    with pytest.raises(Pending):
+        plan.segment_output("ddp_lr0p1", 1)
+
+
+LIMITS = {"max_job_count": "10000", "max_array_size": "1001", "accounting": True,
+          "partition": "short", "max_time_min": 5.0, "max_submit": 3}
+
+
+def test_the_cluster_check_refuses_a_runtime_above_maxtime_under_jobs(tmp_path, bin_dir):
+    plan = make_plan(tmp_path, bin_dir, jobs_at_once=2, sweep={"lr": [0.1, 0.2, 0.3, 0.4]},
+                     pack={"runs_per_job": 2}, strategies=["cpu", "ddp"],
+                     segments={"count": 2}, train={"epochs": 4}, slurm={"partition": "short"})
+    asked = []
+    with pytest.raises(PlanError) as refused:
+        plan.check_against_cluster(lambda partition: asked.append(partition) or LIMITS,
+                                   lambda: None)
+    assert asked == ["short"]
+    assert "resources.runtime 30 min of 8 run(s)" in str(refused.value)
+    assert "above partition short's MaxTime of 5 min" in str(refused.value)
+    # 2 packs of cpu + 4 ddp runs = 6 jobs a round, 2 rounds
+    assert plan.log.infos[0] == ("plan: 6 segment job(s) per round, 2 round(s), 12 segment "
+                                 "job(s) in all, at most 2 queued at once (--jobs)")
+    assert "pack.runs_per_job: 3 would submit a round at once" in plan.log.infos[1]
+    assert plan.log.infos[2].startswith("cluster limits: partition short MaxTime 5 min")
+
+
+def test_the_cluster_check_only_warns_without_jobs_and_says_when_there_is_no_slurm(
+        tmp_path, bin_dir):
+    plan = make_plan(tmp_path, bin_dir)
+    plan.check_against_cluster(lambda partition: LIMITS, lambda: None)
+    assert len(plan.log.warnings) == 1
+    assert plan.log.warnings[0].endswith("(a run through profiles/slurm stops here)")
+    quiet = make_plan(tmp_path, bin_dir, jobs_at_once=4)
+    quiet.check_against_cluster(lambda partition: None, lambda: None)
+    assert quiet.log.infos == [
+        "plan: 1 segment job(s) per round, 2 round(s), 2 segment job(s) in all, at most 4 "
+        "queued at once (--jobs)",
+        "cluster limits: no Slurm client here (scontrol); the plan is not checked against a "
+        "cluster"]
+
+
+def test_the_plan_says_how_it_packs_and_prunes(tmp_path, bin_dir):
+    prune = {"at_segments": [1], "metric": "test_acc", "keep": 0.5, "min_runs": 1}
+    plan = make_plan(tmp_path, bin_dir, strategies=["cpu", "ddp"], pack={"runs_per_job": 4},
+                     sweep={"lr": [0.1, 0.2, 0.3], "prune": prune},
+                     segments={"count": 2}, train={"epochs": 4})
+    plan.announce()
+    assert plan.log.infos[0].startswith("sweep.prune: the runs of each strategy are ranked on")
+    assert plan.log.infos[1] == ("pack: 3 runs of cpu in 1 packs of up to 4, one job per pack "
+                                 "and segment; ddp (several processes per run): one job per "
+                                 "run and segment")
+
+
+def test_specs_are_written_only_when_they_change(tmp_path, bin_dir):
+    plan = make_plan(tmp_path, bin_dir, sweep={"lr": [0.1, 0.2]})
+    plan.write_specs()
+    spec = Path(RunPaths(plan.results, "cpu_lr0p1").spec)
+    assert json.loads(spec.read_text())["lr"] == 0.1
+    before = spec.stat().st_mtime_ns
+    plan.write_specs()
+    assert spec.stat().st_mtime_ns == before
+
+
+def test_a_config_error_and_a_missing_command_are_one_error(tmp_path, bin_dir):
+    with pytest.raises(PlanError, match="config error: unknown strategy 'nope'"):
+        make_plan(tmp_path, bin_dir, strategies=["nope"])
+    with pytest.raises(PlanError, match="cifarflow not found: install this project"):
+        installed_command(tmp_path / "empty", ROOT)
+    with pytest.raises(PlanError, match=f"{tmp_path}/venv/bin/cifarflow not found"):
+        make_plan(tmp_path, bin_dir, env={"mode": "venv", "venv": str(tmp_path / "venv")})
+
+
+def test_the_job_command_follows_env_mode(tmp_path, bin_dir):
+    plan = make_plan(tmp_path, bin_dir)
+    assert plan.cifarflow == plan.job_cifarflow == str(bin_dir / "cifarflow")
+    assert make_plan(tmp_path, bin_dir, env={"mode": "slurm_tmpdir"}).job_cifarflow == \
+        "python -m cifarflow"
+    venv = make_plan(tmp_path, bin_dir, env={"mode": "venv", "venv": str(tmp_path)})
+    assert venv.job_cifarflow == "cifarflow" and venv.python == "python"
+
+
+def test_only_gpu_runs_ask_the_environment_check_for_a_gpu(tmp_path, bin_dir):
+    assert make_plan(tmp_path, bin_dir).env_gpu == {}
+    gpu = make_plan(tmp_path, bin_dir, strategies=["gpu"], resources={"gpu_model": "h100"})
+    assert gpu.env_gpu == {"gres": "gpu:h100:1", "tasks_per_gpu": 0}
+
+
+def test_fetch_args_carry_the_synthetic_generator(tmp_path):
+    data = {"source": "synthetic", "url": "u", "md5": "m", "archive": None,
+            "synthetic": {"train_size": 10, "seed": 1}}
+    assert fetch_args(data) == ("--url u --md5 m --archive '' --train-size=10 --seed=1 "
+                                f"--data-id {data_identity(data)}")
+    assert data_identity(data).startswith("synthetic-")
+
+
+def test_every_try_s_log_has_one_name_in_the_shell_and_in_python(tmp_path):
+    assert attempt_log_name("segment-3", 2) == "segment-3.attempt2.log"
+    assert attempt_log_name("segment-3", 2, 1) == "segment-3.attempt2.requeue1.log"
+    assert attempt_number("segment-3.attempt12.requeue1.log") == 12
+    assert RunPaths("r", "x").attempt_log(3, 2) == "r/logs/train/x/segment-3.attempt2.log"
+    for requeue in (0, 2):
+        log = tmp_path / f"segment-3-{requeue}.log"
+        shell = tee_attempt_log().format(log=log, resources=SimpleNamespace(attempt=4))
+        subprocess.run(["bash", "-c", f"echo trained | {shell}"], check=True,
+                       env={"CIFARFLOW_SLURM_RESTART_COUNT": str(requeue), "PATH": "/usr/bin:/bin"})
+        kept = tmp_path / attempt_log_name(log.stem, 4, requeue)
+        assert kept.read_text() == log.read_text() == "trained\n"
+    assert sorted(p.name for p in tmp_path.glob(attempt_logs_pattern("segment-3-2", 4))) == \
+        ["segment-3-2.attempt4.requeue2.log"]
+
+
+def test_a_pack_member_s_next_try_follows_its_logs(tmp_path):
+    paths = RunPaths(str(tmp_path), "cpu")
+    assert next_attempt(paths, 1) == 1
+    Path(paths.logs).mkdir(parents=True)
+    for name in ("segment-1.attempt1.log", "segment-1.attempt2.requeue1.log",
+                 "segment-2.attempt5.log", "segment-1.log"):
+        Path(paths.logs, name).write_text("")
+    assert next_attempt(paths, 1) == 3 and next_attempt(paths, 2) == 6
