@@ -21,6 +21,7 @@ COLUMNS = ["run", "strategy", "device", "model", "batch_size", "world_size", "cp
            "queue_wait_s", "last_ended", "try_ends", "advice"]
 MARGIN = 1.25  # what to request next time: the measured peak plus a quarter
 MAX_BARS, MAX_LEGEND = 50, 20  # plots of big sweeps stay readable
+DIVERGED = "diverged"  # the early-end reason of a fused member whose loss turned NaN/inf
 FINISHED = ("ok", "early_stopped")  # runs that trained to their end (early_stop's included)
 
 
@@ -100,6 +101,7 @@ def summarize_run(name: str, run: dict) -> dict:
             "hosts": " ".join(hosts),
             "status": ("pruned" if run.get("pruned_at") else
                        "ok" if last["epoch"] >= spec["epochs"] else
+                       "diverged" if str(row["early_stop"]).startswith(DIVERGED) else
                        "early_stopped" if row["early_stop"] else "incomplete"),
             "pruned_at": run.get("pruned_at"), "cores": cores}
 

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 START = time.time()
+FUSE_MODES = ("auto", "vmap", "loop")  # pack.fuse: auto is vmap on CUDA, loop on CPU
 
 
 def cmd_fetch_data(a) -> None:
@@ -95,7 +96,17 @@ def cmd_train_pack(a) -> None:
     sys.exit(run_pack(a.pack, a.segment, a.members, results=a.results, data=a.data,
                       until_epoch=a.until_epoch, threads=a.threads, budget_min=a.budget_min,
                       mem_per_cpu=a.mem_per_cpu, gpus=a.gpus, slots=a.slots,
-                      record=Path(a.record), stage=a.stage_data))
+                      record=Path(a.record), stage=a.stage_data,
+                      fuse=a.fuse if a.fuse != "off" else None))
+
+
+def cmd_train_fused(a) -> None:
+    from .pack import train_fused_members
+
+    sys.exit(train_fused_members(a.pack, a.segment, a.members, results=a.results, data=a.data,
+                                 until_epoch=a.until_epoch, threads=a.threads,
+                                 budget_min=a.budget_min, mem_mb=a.mem_mb, stage=a.stage_data,
+                                 mode=a.mode, status=Path(a.status), start_time=START))
 
 
 def cmd_record_env(a) -> None:
@@ -185,7 +196,25 @@ def parser() -> argparse.ArgumentParser:
     k.add_argument("--slots", type=int, default=1, help="cores of the job outside Slurm")
     k.add_argument("--record", required=True, help="the pack's record, written last")
     k.add_argument("--stage-data", choices=["auto", "slurm_tmpdir", "none"], default="none")
+    k.add_argument("--fuse", choices=["off", *FUSE_MODES], default="off",
+                   help="train the members as one fused model in one process (pack.fuse)")
     k.set_defaults(func=cmd_train_pack)
+
+    u = sub.add_parser("train-fused", help="train one segment of a fused pack's members in "
+                       "this process (started by train-pack --fuse)")
+    u.add_argument("--pack", required=True)
+    u.add_argument("--segment", type=int, required=True)
+    u.add_argument("--members", nargs="+", required=True)
+    u.add_argument("--results", required=True)
+    u.add_argument("--data", required=True)
+    u.add_argument("--until-epoch", type=int, required=True)
+    u.add_argument("--threads", type=int, default=0)
+    u.add_argument("--budget-min", type=float, default=None)
+    u.add_argument("--mem-mb", type=int, default=None)
+    u.add_argument("--stage-data", choices=["auto", "slurm_tmpdir", "none"], default="none")
+    u.add_argument("--mode", choices=FUSE_MODES, default="auto")
+    u.add_argument("--status", required=True, help="each member's outcome, written last")
+    u.set_defaults(func=cmd_train_fused)
 
     r = sub.add_parser("record-env", help="write the software environment")
     r.add_argument("--out", required=True)

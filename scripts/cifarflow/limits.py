@@ -232,8 +232,11 @@ def job_shapes(runs: dict, packs: dict) -> dict[str, dict]:
         res = pack.member_resources
         cpus = int(res["cpus_per_task"])
         gpus = runs[pack.members[0]].strategy_class.gpus_per_node(runs[pack.members[0]].config)
-        shape = {"tasks": len(pack.members), "cpus_per_task": cpus, "pack": True,
-                 "mem_per_cpu": -(-int(res["mem_mb"]) // cpus)}
+        # a task per member; a fused pack's one task holds them all
+        tasks, task_mem = ((1, int(res["mem_mb"]) * len(pack.members)) if pack.fuse
+                           else (len(pack.members), int(res["mem_mb"])))
+        shape = {"tasks": tasks, "cpus_per_task": cpus, "pack": not pack.fuse,
+                 "mem_per_cpu": -(-task_mem // cpus)}
         if gpus:
             shape.update(nodes=1, gpus_per_task=gpus)  # a pack's GPUs on one node
         shapes[f"pack {pack.name} ({len(pack.members)} runs)"] = shape

@@ -8,6 +8,11 @@ processes, as many at once as the job's cores allow. Every member keeps its own 
 metrics and exit status. The job fails if a member failed, once all others finished; its
 retry trains only the members without a published segment k. The pack's record
 (``results/packs/<pack>/segment-<k>.json``) is written last, when all members succeeded.
+
+A fused pack (``pack.fuse``) trains its members in ONE process as one fused model
+(engine/fused.py): one step of the allocation (cpus_per_task cores, one GPU) runs
+``cifarflow train-fused``, which keeps each member's log, tries, checkpoint and exit status
+as above and reports them in a status file.
 """
 
 from __future__ import annotations
@@ -30,6 +35,17 @@ def member_argv(paths: RunPaths, k: int, data: str, until_epoch: int, threads: i
     return [sys.executable, "-m", "cifarflow", "train",
             *paths.train_args(k, data=data, until_epoch=until_epoch, stage=stage),
             *try_args(threads, budget_min, mem_mb, attempt)]
+
+
+def fused_argv(pack: str, k: int, members: list[str], results: str, data: str, until_epoch: int,
+               threads: int, budget_min: float, mem_mb: int, stage: str, mode: str,
+               status: Path) -> list[str]:
+    """The fused group's one process: `cifarflow train-fused`."""
+    return [sys.executable, "-m", "cifarflow", "train-fused", "--pack", pack, "--segment", str(k),
+            "--results", results, "--data", data, "--until-epoch", str(until_epoch),
+            "--threads", str(threads), "--budget-min", str(budget_min), "--mem-mb", str(mem_mb),
+            "--stage-data", stage, "--mode", mode, "--status", str(status),
+            "--members", *members]
 
 
 def slurm_step(argv: list[str], run: str, cpus: int, mem_per_cpu: int, gpus: int) -> list[str]:
@@ -64,7 +80,11 @@ def already_trained(paths: RunPaths, k: int, until_epoch: int) -> dict | None:
 
 def run_pack(pack: str, k: int, members: list[str], results: str, data: str,
              until_epoch: int, threads: int, budget_min: float, mem_per_cpu: int,
-             gpus: int, slots: int, record: Path, stage: str = "none") -> int:
+             gpus: int, slots: int, record: Path, stage: str = "none",
+             fuse: str | None = None) -> int:
+    if fuse:
+        return run_fused_pack(pack, k, members, results, data, until_epoch, threads,
+                              budget_min, mem_per_cpu, gpus, record, stage, fuse)
     in_slurm = bool(os.environ.get("SLURM_JOB_ID"))
     slots = len(members) if in_slurm else max(1, slots // max(1, threads))
     print(f"[pack {pack}] segment {k}: {len(members)} member(s), "
@@ -115,6 +135,11 @@ def run_pack(pack: str, k: int, members: list[str], results: str, data: str,
             report[run] = entry
         if running:
             time.sleep(0.2)
+    return publish_record(pack, k, members, report, record)
+
+
+def publish_record(pack: str, k: int, members: list[str], report: dict, record: Path) -> int:
+    """The pack's record once every member succeeded; else 1, naming the failed ones."""
     failed = sorted(run for run, entry in report.items() if entry["exit"] != 0)
     if failed:
         print(f"[pack {pack}] segment {k}: {len(failed)} of {len(members)} member(s) failed: "
@@ -126,3 +151,124 @@ def run_pack(pack: str, k: int, members: list[str], results: str, data: str,
         "slurm_job_id": os.environ.get("SLURM_JOB_ID", "")}, indent=1) + "\n")
     print(f"[pack {pack}] segment {k}: all {len(members)} member(s) published", flush=True)
     return 0
+
+
+def run_fused_pack(pack: str, k: int, members: list[str], results: str, data: str,
+                   until_epoch: int, threads: int, budget_min: float, mem_per_cpu: int,
+                   gpus: int, record: Path, stage: str, mode: str) -> int:
+    """Segment k of a fused pack: its members not yet published, in one process (one Slurm
+    step), then the record as for any pack."""
+    report, todo = {}, []
+    for run in members:
+        manifest = already_trained(RunPaths(results, run), k, until_epoch)
+        if manifest is None:
+            todo.append(run)
+            continue
+        report[run] = {"trained": False, "exit": 0, "done": manifest["done"],
+                       "epoch": manifest["epoch"]}
+        print(f"[pack {pack}] {run}: segment {k} already published, not retrained", flush=True)
+    if todo:
+        status = Path(record).with_suffix(".status.json")
+        status.parent.mkdir(parents=True, exist_ok=True)
+        status.unlink(missing_ok=True)
+        argv = fused_argv(pack, k, todo, results, data, until_epoch, threads, budget_min,
+                          mem_per_cpu * threads, stage, mode, status)
+        if os.environ.get("SLURM_JOB_ID"):
+            argv = slurm_step(argv, pack, threads, mem_per_cpu, gpus)
+        print(f"[pack {pack}] segment {k}: {len(todo)} member(s) fused in one process",
+              flush=True)
+        code = subprocess.call(argv)
+        outcome = json.loads(status.read_text()) if status.is_file() else {}
+        for run in todo:
+            entry = outcome.get(run) or {"exit": code or 1, "error": f"the fused process ended "
+                                         f"with exit status {code} before reporting"}
+            report[run] = {"trained": True, **entry}
+            if entry["exit"]:
+                print(f"[pack {pack}] {run}: FAILED ({entry.get('error', '')})", flush=True)
+            else:
+                print(f"[pack {pack}] {run}: finished, epoch {entry['epoch']}"
+                      f"{' (done)' if entry['done'] else ' (to be continued)'}", flush=True)
+    return publish_record(pack, k, members, report, record)
+
+
+def train_fused_members(pack: str, k: int, members: list[str], results: str, data: str,
+                        until_epoch: int, threads: int, budget_min: float, mem_mb: int,
+                        stage: str, mode: str, status: Path, start_time: float) -> int:
+    """`cifarflow train-fused`: each member's log (its own try, as unpacked), its try in
+    tries.jsonl, then the fused training; each member's outcome in ``status``."""
+    from . import tries
+    from .engine.fused import train_fused
+    from .engine.segment import Segment
+    from .engine.usage import ended_as
+    from .strategies import get_strategy
+    from .takeover import Superseded, take_over
+
+    outcome, segments, logs = {}, [], []
+    for run in members:
+        paths = RunPaths(results, run)
+        attempt = next_attempt(paths, k)
+        log = open_member_log(paths, k, attempt)
+        logs.append(log)
+        say = (lambda stream: lambda line: (stream.write(line + "\n"), stream.flush()))(log)
+        run_dir = Path(paths.root)
+        refused = tries.refusal(run_dir, k, attempt)
+        if refused:
+            say(f"cifarflow train-fused: error: {refused}")
+            outcome[run] = {"exit": 2, "error": refused}
+            continue
+        try:
+            take_over(run_dir, run, say=say)
+        except Superseded as exc:
+            say(f"cifarflow train-fused: {exc}")
+            outcome[run] = {"exit": 3, "error": str(exc)}
+            continue
+        tries.record(run_dir, k, attempt, "start", fused=pack)
+        cfg = TrainConfig.read(Path(paths.spec))
+        segment = Segment(cfg, get_strategy(cfg.strategy)(cfg, threads), Path(data),
+                          Path(paths.segment(k)), Path(paths.segment(k - 1)) if k > 1 else None,
+                          Path(paths.work), until_epoch, budget_min, start_time, attempt,
+                          mem_mb, stage, Path(paths.tensorboard))
+        segment.report.stream, segment.report.sample_gpu = log, not segments
+        segment.try_of = (run_dir, attempt)
+        segments.append(segment)
+
+    def say(line: str) -> None:
+        print(f"[fused {pack}] {line}", flush=True)
+
+    try:
+        results_of = train_fused(segments, None if mode == "auto" else mode, start_time, say)
+    except BaseException as exc:  # the whole group failed: every member's try says why
+        for segment in segments:
+            run_dir, attempt = segment.try_of
+            ended = tries.OUT_OF_MEMORY if type(exc).__name__ in ("OutOfMemoryError",
+                                                                 "MemoryError") else "failed"
+            tries.record(run_dir, k, attempt, "end", ended=ended,
+                         error=f"{type(exc).__name__}: {str(exc)[:300]}")
+            segment.report.say(f"ERROR: the fused group failed: {type(exc).__name__}: {exc}")
+        raise
+    for segment in segments:
+        run_dir, attempt = segment.try_of
+        result = results_of[segment.cfg.run]
+        if "error" in result:
+            tries.record(run_dir, k, attempt, "end", ended=tries.USER_ERROR, error=result["error"])
+            outcome[segment.cfg.run] = {"exit": 2, "error": result["error"]}
+        else:
+            tries.record(run_dir, k, attempt, "end", ended=ended_as(result["stopped"]))
+            outcome[segment.cfg.run] = {"exit": 0, "done": result["done"],
+                                        "epoch": result["epoch"], "attempt": attempt}
+    for log in logs:
+        log.close()
+    atomic_write_text(status, json.dumps(outcome, indent=1) + "\n")
+    return 0 if all(entry["exit"] == 0 for entry in outcome.values()) else 1
+
+
+def open_member_log(paths: RunPaths, k: int, attempt: int):
+    """The member's log of this try, and segment-<k>.log pointing at it."""
+    log = Path(paths.log(k))
+    log.parent.mkdir(parents=True, exist_ok=True)
+    attempt_log = log.with_name(f"{log.stem}.attempt{attempt}.log")
+    stream = open(attempt_log, "w")
+    if log.is_symlink() or log.exists():
+        log.unlink()
+    log.symlink_to(attempt_log.name)
+    return stream

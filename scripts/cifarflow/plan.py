@@ -22,6 +22,11 @@ from .strategies import Strategy, get_strategy, registered
 COMMON_SWEEP_KEYS = {
     "batch_size": ("bs", "train"),
     "lr": ("lr", "train"),
+    "momentum": ("mom", "train"),
+    "weight_decay": ("wd", "train"),
+    "optimizer": ("", "train"),
+    "scheduler": ("", "train"),
+    "seed": ("seed", "train"),
     "model": ("", "train"),
     "num_workers": ("nw", "train"),
     "loader": ("", "train"),
@@ -53,6 +58,7 @@ class Pack:
     member_resources: dict       # the request of one member (what each run asks alone)
     segment_epochs: list
     kind: str = "steps"          # how its job trains the members (workflow.PACK_KINDS)
+    fuse: str = ""               # fused: one process trains all (auto, vmap, loop); "": not
 
 
 @dataclass
@@ -133,25 +139,65 @@ def packable(cls: type[Strategy]) -> bool:
     return not cls.launched
 
 
-def build_packs(runs: dict[str, Run], runs_per_job: int) -> dict[str, Pack]:
+FUSE_KEYS = ("model", "model_args", "batch_size", "epochs", "amp", "channels_last")
+
+
+def fuse_mode(setting) -> str:
+    """pack.fuse as a fusion: "" (off), auto (vmap on CUDA, loop on CPU), vmap or loop."""
+    return {False: "", True: "auto"}.get(setting, setting) if setting is not None else ""
+
+
+def fusable(run: Run) -> bool:
+    """A fused group holds the split in memory (the tensor loader) and calls the plain model
+    (torch.compile is not applied)."""
+    return run.config.loader == "tensor"
+
+
+def build_packs(runs: dict[str, Run], runs_per_job: int, fuse: str = "") -> dict[str, Pack]:
     """Packs of at most ``runs_per_job`` runs, in plan order, of the same strategy, request
-    and segment plan (never a member in a job of the wrong size). Empty for 1."""
+    and segment plan (never a member in a job of the wrong size). Empty for 1. Fused packs
+    (``fuse``) also share what one fused model needs (FUSE_KEYS); runs that cannot fuse
+    (another loader) form plain packs."""
     if runs_per_job <= 1:
         return {}
     groups: dict[tuple, list[Run]] = {}
     for run in runs.values():
         if packable(run.strategy_class):
-            key = (run.strategy, repr(sorted(run.resources.items())), tuple(run.segment_epochs))
+            fused = bool(fuse) and fusable(run)
+            shape = tuple(repr(getattr(run.config, key)) for key in FUSE_KEYS) if fused else ()
+            key = (run.strategy, repr(sorted(run.resources.items())), tuple(run.segment_epochs),
+                   fused, shape)
             groups.setdefault(key, []).append(run)
     packs, count = {}, {}
-    for (strategy, _, _), members in groups.items():
+    for (strategy, _, _, fused, _), members in groups.items():
         for i in range(0, len(members), runs_per_job):
             chunk = members[i:i + runs_per_job]
             n = count[strategy] = count.get(strategy, 0) + 1
             name = f"{strategy}-pack{n:03d}"
             packs[name] = Pack(name, strategy, [r.name for r in chunk], dict(chunk[0].resources),
-                               list(chunk[0].segment_epochs))
+                               list(chunk[0].segment_epochs), fuse=fuse if fused else "")
     return packs
+
+
+def describe_fusion(runs: dict[str, Run], packs: dict[str, Pack]) -> str | None:
+    """One line for `snakemake -n`: how the fused packs split, and why."""
+    if not packs:
+        return None
+    fused = [p for p in packs.values() if p.fuse]
+    shapes: dict[str, int] = {}
+    for pack in fused:
+        cfg = runs[pack.members[0]].config
+        label = f"{cfg.model} bs {cfg.batch_size}"
+        shapes[label] = shapes.get(label, 0) + 1
+    plain = [p for p in packs.values() if not p.fuse]
+    line = (f"pack.fuse: {sum(len(p.members) for p in fused)} runs in {len(fused)} fused "
+            f"pack(s) ({'; '.join(f'{label}: {n}' for label, n in shapes.items()) or 'none'})")
+    if len(shapes) > 1:
+        line += "; runs of another model, batch size, epochs or amp fuse apart"
+    if plain:
+        line += (f"; {sum(len(p.members) for p in plain)} run(s) that cannot fuse (loader "
+                 f"torchvision) in {len(plain)} plain pack(s)")
+    return line
 
 
 def build_runs(config: dict) -> dict[str, Run]:

@@ -28,8 +28,9 @@ from .layout import RunPaths, pack_marker, segment_number, try_args
 from .config import data_identity
 from .limits import check_fit, check_plan, job_shapes, read_limits, read_partitions
 from .pending import PendingWatch
+from .plan import (Pack, Run, build_packs, build_runs, check_user_models, describe_fusion,
+                   fuse_mode)
 from .progress import watch_progress
-from .plan import Pack, Run, build_packs, build_runs, check_user_models
 from .strategies import get_strategy
 from .strategies.base import gpu_request
 from .tries import INVOCATION, out_of_memory_count
@@ -88,7 +89,9 @@ def pack_name_pattern(strategy: str) -> str:
 class StepPack:
     """The pack kind of pack.py (`cifarflow train-pack`): one task per member it trains, each
     a Slurm step with the member's own cores, memory (per core, so members may spread over
-    nodes) and GPU, running the member's own `cifarflow train`. Another kind of pack is
+    nodes) and GPU, running the member's own `cifarflow train`; or, for a fused pack
+    (``Pack.fuse``), one task that trains them all as one model (`cifarflow train-fused`):
+    a member's cores, the members' memory together, one GPU. Another kind of pack is
     another class with these members, named by ``Pack.kind``."""
 
     # Snakemake's shell template: what a retry changes (the request) comes from `resources`
@@ -111,13 +114,20 @@ class StepPack:
             "stage-data": plan.config["data"]["stage"],
             "gpus": first.strategy_class.gpus_per_node(first.config),
         }
+        if pack.fuse:
+            options["fuse"] = pack.fuse
         args = [f"--{key}={value}" for key, value in options.items()]
         return shlex.join(args + ["--members", *plan.pack_members(wildcards)])
 
+    @staticmethod
+    def tasks(plan: "WorkflowPlan", wildcards) -> int:
+        """One per member it trains; one for a fused pack."""
+        return 1 if plan.packs[wildcards.pack].fuse else len(plan.pack_members(wildcards))
+
     def threads(self, plan: "WorkflowPlan", wildcards) -> int:
-        """Cores the local scheduler reserves: the members' together."""
+        """Cores the local scheduler reserves: the members' together (a fused pack's one)."""
         pack = plan.packs[wildcards.pack]
-        return len(plan.pack_members(wildcards)) * pack.member_resources["cpus_per_task"]
+        return self.tasks(plan, wildcards) * pack.member_resources["cpus_per_task"]
 
     def resources(self, plan: "WorkflowPlan", strategy: str) -> dict:
         """The request of a pack's segment. `mpi` tells the Slurm plugin not to wrap the job
@@ -128,13 +138,19 @@ class StepPack:
             return plan.packs[wildcards.pack].member_resources["cpus_per_task"]
 
         def tasks(wildcards):
-            return len(plan.pack_members(wildcards))
+            return self.tasks(plan, wildcards)
+
+        def task_mem_mb(wildcards, attempt):
+            """A member's memory; a fused pack's one task holds every member's."""
+            fused = plan.packs[wildcards.pack].fuse
+            members = len(plan.pack_members(wildcards)) if fused else 1
+            return plan.pack_request(wildcards, attempt).mem_mb * members
 
         res = {
             "tasks": tasks,
             "cpus_per_task": cpus,
             "mem_mb_per_cpu": lambda wildcards, input, attempt: mem_per_cpu(
-                plan.pack_request(wildcards, attempt).mem_mb, cpus(wildcards)),
+                task_mem_mb(wildcards, attempt), cpus(wildcards)),
             "runtime": lambda wildcards, input, attempt: plan.pack_request(
                 wildcards, attempt).runtime,
             "mpi": lambda wildcards: "srun" if tasks(wildcards) > 1 else "",
@@ -196,7 +212,8 @@ class WorkflowPlan:
             runs = build_runs(config)
         except ValueError as exc:
             raise error(f"config error: {exc}")
-        return cls(config, basedir, runs, build_packs(runs, config["pack"]["runs_per_job"]), **kw)
+        packs = build_packs(runs, config["pack"]["runs_per_job"], fuse_mode(config["pack"]["fuse"]))
+        return cls(config, basedir, runs, packs, **kw)
 
     # ---- once, in the main process ------------------------------------------------------
     def start_main_process(self, workdir: str = ".", on_slurm: Callable[[], bool] = lambda: False,
@@ -247,6 +264,8 @@ class WorkflowPlan:
                 f"{per_job}, one job per pack and segment"
                 + (f"; {', '.join(self.unpacked)} (several processes per run): one job per run "
                    "and segment" if self.unpacked else ""))
+        if self.config["pack"]["fuse"] and self.packs:
+            self.log.info(describe_fusion(self.runs, self.packs))
 
     def check_against_cluster(self, limits_of=read_limits, partitions_of=read_partitions) -> None:
         """`snakemake -n` says what the plan submits and, where Slurm tells, whether it fits;

@@ -3,6 +3,7 @@ utilisation sampled while an epoch trains."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from ..gpu_monitor import GpuSampler, nvml_reader
@@ -19,10 +20,18 @@ class Reporter:
         self.tensorboard_dir = Path(tensorboard_dir) if tensorboard_dir else None
         self.board = None  # rank 0's TensorBoard writer, when tensorboard_dir is set
         self.gpu: GpuSampler | None = None  # utilisation samples while training on a GPU
+        self.stream = None  # where lines go: stdout, or a fused member's own log file
+        self.sample_gpu = True  # a fused group samples the GPU once, for all members
 
     def log(self, msg: str) -> None:
         if self.strategy.is_main:
-            print(msg, flush=True)
+            self.say(msg)
+
+    def say(self, line: str) -> None:
+        """One line, whatever the rank, in one write (ranks' lines do not interleave)."""
+        out = self.stream or sys.stdout
+        out.write(line + "\n")
+        out.flush()
 
     def open(self, global_step: int) -> None:
         """Start the GPU sampler and the TensorBoard writer. Steps are batches since the
@@ -30,7 +39,7 @@ class Reporter:
         by a killed try, are hidden (TensorBoard drops earlier files' events from
         purge_step on)."""
         device = str(self.strategy.device)
-        if device.startswith("cuda"):
+        if device.startswith("cuda") and self.sample_gpu:
             read, why = nvml_reader(self.strategy.device)
             if read is None:
                 self.log(f"GPU utilisation not sampled ({why}): pip install nvidia-ml-py")

@@ -74,6 +74,7 @@ class Segment:
         self.places: list = []    # (host, python prefix) of every rank
         self.hosts: list = []
         self.save_s = 0.0         # cost of the last in-segment save, counted in decisions
+        self.ended_early: str | None = None  # why the run ended before its last epoch (done)
 
     def log(self, msg: str) -> None:
         self.report.log(msg)
@@ -128,8 +129,11 @@ class Segment:
                 "slurm_job_id": os.environ.get("SLURM_JOB_ID", "")}
 
     def stopped_early(self) -> str:
-        """Why train.early_stop ended this run ('' if it did not): from the epoch records
-        the checkpoint carries, so K segments decide as one does."""
+        """Why this run ended before its last epoch ('' if it did not): a fused member that
+        diverged (``ended_early``), or train.early_stop, decided from the epoch records the
+        checkpoint carries, so K segments decide as one does."""
+        if self.ended_early:
+            return self.ended_early
         if self.progress.epoch >= self.cfg.epochs:
             return ""  # it trained all its epochs
         return self.stopping.stop_reason(self.progress.history)
@@ -193,10 +197,12 @@ class Segment:
                  f"epoch {p.epoch + 1}; from here on the run is no longer bit-exact")
 
     # ---- the loop's steps
-    def begin(self) -> None:
+    def begin(self, stop: StopController | None = None) -> None:
+        """Start the clock; ``stop`` is a controller shared with other runs (a fused group
+        stops and saves all its members together)."""
         p = self.progress
-        self.stop = StopController(self.budget_s, self.cfg.margin_s, self.strategy,
-                                   self.start_time, self.cfg.checkpoint_interval_s)
+        self.stop = stop or StopController(self.budget_s, self.cfg.margin_s, self.strategy,
+                                           self.start_time, self.cfg.checkpoint_interval_s)
         self.save_s = 0.0
         self.report.open(self.global_step())
         self.log(f"[{self.cfg.run}] {self.strategy.describe()} model={self.cfg.model} "
@@ -235,6 +241,13 @@ class Segment:
 
     def after_batch(self, loss, hits, n: int) -> str | None:
         """Account one trained batch; inside an epoch, stop or save when all ranks agree."""
+        self.account(loss, hits, n)
+        if self.progress.step >= self.steps:
+            return None  # the epoch's end decides
+        return self._decide(self.meter.step_s() + self.save_s)
+
+    def account(self, loss, hits, n: int) -> None:
+        """One trained batch into the epoch's sums, the log and TensorBoard."""
         p, meter = self.progress, self.meter
         meter.add(p, loss, hits, n)
         log_now = meter.due_for_log(self.cfg.log_interval_s)
@@ -244,9 +257,6 @@ class Segment:
                      f"{meter.images_per_sec(p, self.strategy.world_size):,.0f} img/s")
         if self.report.board and (log_now or p.step >= self.steps):
             self.report.batch_loss(loss.item(), self.global_step())
-        if p.step >= self.steps:
-            return None  # the epoch's end decides
-        return self._decide(meter.step_s() + self.save_s)
 
     def _decide(self, next_step_s: float) -> str | None:
         reason, save = self.stop.decide(next_step_s, may_save=self.work_dir is not None)
@@ -277,6 +287,17 @@ class Segment:
     def end_epoch(self) -> str | None:
         """Record the finished epoch (reduced over ranks, evaluated); then, if more epochs
         follow in this segment, stop or save when all ranks agree."""
+        rec = self.close_epoch(self.evaluate)
+        if self.stopped_early():
+            return EARLY_STOP  # the same records on every rank: the same decision
+        if self.progress.epoch >= self.until_epoch:
+            return None
+        self.start_epoch()
+        return self._decide(rec["wall_s"] / max(1, self.steps) + self.save_s)
+
+    def close_epoch(self, evaluate) -> dict:
+        """The finished epoch's record (sums reduced over ranks, ``evaluate()`` the test
+        accuracy), into the history, the log and TensorBoard; the next epoch begins."""
         self.meter.fold(self.progress)
         p, s = self.progress, self.strategy
         ips_rank = p.seen / p.train_s if p.train_s else 0.0
@@ -284,7 +305,7 @@ class Segment:
                                          dtype=torch.float64, device=s.reduce_device))
         gpu = self.report.gpu_use()
         t_eval = time.perf_counter()
-        test_acc = self.evaluate()
+        test_acc = evaluate()
         rec = {"epoch": p.epoch + 1, "train_loss": float(sums[0] / sums[2]),
                "train_acc": float(sums[1] / sums[2]), "test_acc": test_acc,
                "images_per_sec": float(sums[3]), "images_per_sec_per_rank": ips_rank,
@@ -302,11 +323,7 @@ class Segment:
         if self.stopped_early():
             self.log(f"{self.stopped_early()}: the run ends at epoch {p.epoch} of "
                      f"{self.cfg.epochs} (train.early_stop)")
-            return EARLY_STOP  # the same records on every rank: the same decision
-        if p.epoch >= self.until_epoch:
-            return None
-        self.start_epoch()
-        return self._decide(rec["wall_s"] / max(1, self.steps) + self.save_s)
+        return rec
 
     def finish(self, reason: str | None) -> dict:
         p = self.progress
@@ -323,9 +340,8 @@ class Segment:
                                **self.requested, **used})
         if reason:
             # every rank says where it stopped, in one write so lines do not interleave
-            sys.stdout.write(f"[rank {self.strategy.rank}] stopping at epoch {p.epoch + 1} "
-                             f"batch {p.step}: {reason}\n")
-            sys.stdout.flush()
+            self.report.say(f"[rank {self.strategy.rank}] stopping at epoch {p.epoch + 1} "
+                            f"batch {p.step}: {reason}")
             if self.work_dir and reason.startswith("signal"):
                 # Slurm may still mark the job failed (TIMEOUT) and Snakemake then drops
                 # its outputs: the in-segment copy is what the rerun resumes from
@@ -333,7 +349,8 @@ class Segment:
         save_s = self.save(self.out_dir)
         self.log(f"checkpoint {self.out_dir} written in {save_s:.2f} s "
                  f"({'done' if self.done() else 'to be continued'})")
-        return {"epoch": p.epoch, "step": p.step, "stopped": reason, "save_s": save_s}
+        return {"epoch": p.epoch, "step": p.step, "stopped": reason, "save_s": save_s,
+                "done": self.done()}
 
     # ---- the engine's own loop
     def run(self) -> dict:

@@ -1,0 +1,159 @@
+"""Aggregate throughput of a sweep of small models on one device: one run at a time, M runs
+sharing the GPU (MPS on CUDA, plain processes on CPU), and fused packs of K members.
+
+Every case runs the project's own commands on the project's own data format: `cifarflow
+train` for one run, M of them at once under one private MPS daemon (`cifarflow mps-run`),
+`cifarflow train-fused` for a fused pack: whole segments with metrics and checkpoints.
+
+Aggregate images/s = the sum, over the runs that train at the same time, of each run's
+mean ``images_per_sec`` over its steady epochs (2 onwards; epoch 1 is the warm-up: CUDA
+context, cuDNN autotuning); for one at a time it is the mean of the runs' figures.
+
+    python bench/gpu_sweep.py                 # CUDA: 50,000 images, lenet bs 512 + resnet18
+    python bench/gpu_sweep.py --small         # CPU-sized: 4,000 images, K up to 8
+    python bench/gpu_sweep.py --cases alone fused:8 fused:16 mps:4
+
+Figures go to bench/out/gpu_sweep.json and are printed as a table (bench/README.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from cifarflow import data  # noqa: E402
+from cifarflow.config import with_defaults  # noqa: E402
+from cifarflow.layout import RunPaths  # noqa: E402
+from cifarflow.plan import build_runs  # noqa: E402
+
+OUT = ROOT / "bench" / "out" / "gpu_sweep"
+ENV = {**os.environ, "PYTHONPATH": str(ROOT / "scripts"), "PYTHONUNBUFFERED": "1"}
+FULL = ["alone", "mps:4", "mps:8", "fused:8", "fused:16", "fused:32", "fused:64",
+        "resnet18/alone", "resnet18/fused:4", "resnet18/fused:8"]
+SMALL = ["alone", "mps:2", "fused:2", "fused:4", "fused:8", "fused-vmap:4"]
+
+
+def dataset(size: int) -> Path:
+    root = OUT / f"data-{size}"
+    batches = root / "cifar-10-batches-py"
+    if not batches.is_dir():
+        archive = data.prepare_archive("synthetic", root, synthetic={
+            "train_size": size, "test_size": max(1000, size // 5)})
+        data.extract_archive(archive, root)
+    return batches
+
+
+def plan(results: Path, model: str, runs: int, device: str, args) -> list[str]:
+    """`runs` members that differ in lr (a sweep), planned as the workflow plans them."""
+    config = with_defaults({
+        "strategies": ["gpu" if device == "cuda" else "cpu"],
+        "data": {"synthetic": {"train_size": args.images, "test_size": max(1000, args.images // 5)}},
+        "train": {"model": model, "epochs": args.epochs, "batch_size": args.batch_size[model],
+                  "log_interval_s": 1000, "deterministic": args.deterministic},
+        "sweep": {"lr": [round(0.01 + 0.001 * i, 4) for i in range(runs)]}})
+    planned = build_runs(config)
+    for name, run in planned.items():
+        run.config.write(RunPaths(str(results), name).spec)
+    return list(planned)
+
+
+def train_argv(results: Path, batches: Path, run: str, threads: int) -> list[str]:
+    paths = RunPaths(str(results), run)
+    return [sys.executable, "-m", "cifarflow", "train", "--spec", paths.spec, "--data",
+            str(batches), "--out", paths.segment(1), "--threads", str(threads)]
+
+
+def steady(results: Path, run: str) -> float:
+    rows = [json.loads(line) for line in
+            (Path(RunPaths(str(results), run).segment(1)) / "metrics.jsonl").read_text().splitlines()]
+    rows = rows[1:] or rows
+    return statistics.mean(r["images_per_sec"] for r in rows)
+
+
+def run_case(case: str, device: str, batches: Path, args) -> dict:
+    model, _, how = case.rpartition("/")
+    model = model or "lenet"
+    kind, _, count = how.partition(":")
+    count = int(count or 1)
+    results = OUT / "runs" / case.replace("/", "-").replace(":", "-")
+    subprocess.run(["rm", "-rf", str(results)], check=True)
+    runs = plan(results, model, count if kind != "alone" else args.alone_runs, device, args)
+    t0 = time.perf_counter()
+    if kind == "alone":
+        for run in runs:
+            subprocess.run(train_argv(results, batches, run, args.threads), env=ENV, check=True,
+                           stdout=subprocess.DEVNULL)
+        images_per_sec = statistics.mean(steady(results, run) for run in runs)
+    elif kind == "mps":
+        lines = [" ".join(train_argv(results, batches, run, max(1, args.threads // count)))
+                 + " > /dev/null &" for run in runs]
+        script = "\n".join(lines + ["wait"])
+        prefix = ([sys.executable, "-m", "cifarflow", "mps-run", "--replicas", str(count), "--"]
+                  if device == "cuda" else [])
+        subprocess.run(prefix + ["bash", "-c", script], env=ENV, check=True)
+        images_per_sec = sum(steady(results, run) for run in runs)
+    else:
+        mode = kind.partition("-")[2] or "auto"
+        status = results / "status.json"
+        subprocess.run([sys.executable, "-m", "cifarflow", "train-fused", "--pack", case,
+                        "--segment", "1", "--results", str(results), "--data", str(batches),
+                        "--until-epoch", str(args.epochs), "--threads", str(args.threads),
+                        "--mode", mode, "--status", str(status), "--members", *runs],
+                       env=ENV, check=True, stdout=subprocess.DEVNULL)
+        failed = {r: s for r, s in json.loads(status.read_text()).items() if s["exit"]}
+        if failed:
+            raise SystemExit(f"{case}: members failed: {failed}")
+        images_per_sec = sum(steady(results, run) for run in runs)
+    return {"case": case, "model": model, "kind": kind, "runs_at_once": count if kind != "alone" else 1,
+            "images_per_sec": round(images_per_sec), "wall_s": round(time.perf_counter() - t0, 1)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--small", action="store_true", help="a CPU-sized run")
+    ap.add_argument("--cases", nargs="+", help=f"default: {' '.join(FULL)} (CUDA), "
+                    f"{' '.join(SMALL)} (--small)")
+    ap.add_argument("--images", type=int, help="training images (50,000 full, 4,000 small)")
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--alone-runs", type=int, default=2)
+    ap.add_argument("--deterministic", action=argparse.BooleanOptionalAction, default=True)
+    args = ap.parse_args()
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    args.images = args.images or (4000 if args.small else 50000)
+    args.batch_size = {"lenet": 512 if not args.small else 200, "resnet18": 128 if not args.small else 32}
+    cases = args.cases or (SMALL if args.small else FULL)
+    batches = dataset(args.images)
+    figures = []
+    for case in cases:
+        figures.append(run_case(case, device, batches, args))
+        print(f"{case:20s} {figures[-1]['images_per_sec']:>12,} img/s  ({figures[-1]['wall_s']} s)",
+              flush=True)
+    alone = {f["model"]: f["images_per_sec"] for f in figures if f["kind"] == "alone"}
+    for f in figures:
+        if f["model"] in alone:
+            f["vs_alone"] = round(f["images_per_sec"] / alone[f["model"]], 2)
+    OUT.mkdir(parents=True, exist_ok=True)
+    result = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+              "torch": torch.__version__, "threads": args.threads, "images": args.images,
+              "epochs": args.epochs, "deterministic": args.deterministic, "figures": figures}
+    (OUT.parent / "gpu_sweep.json").write_text(json.dumps(result, indent=1) + "\n")
+    print("\n| case | runs at once | images/s | vs one at a time |\n| --- | --- | --- | --- |")
+    for f in figures:
+        print(f"| {f['case']} | {f['runs_at_once']} | {f['images_per_sec']:,} | "
+              f"{f.get('vs_alone', '')}x |")
+
+
+if __name__ == "__main__":
+    main()

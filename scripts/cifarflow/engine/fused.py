@@ -1,0 +1,466 @@
+"""A fused group: K sweep members that share model, batch size and segment plan, trained in
+one process as one model, one forward/backward/optimizer step for all of them.
+
+Fusion stacks the members' parameters and buffers along a new leading dimension (torch.func
+``stack_module_state``) and calls the model functionally on each member's slice:
+
+* ``vmap`` (the default on CUDA): ``torch.func.vmap`` over ``functional_call``. Its batching
+  rules turn the K convolutions into one grouped convolution, the K linear layers into one
+  batched matmul and BatchNorm into one call over the concatenated channels: HFTA's fusion
+  (Wang et al., MLSys 2021), without rewriting the model, so users' own models fuse too.
+* ``loop`` (the default on CPU): the members' slices one after another in the same process.
+  On CPU grouped convolutions are slower than K plain ones (docs/sweeps.md, measured), so
+  what fusion keeps there is one process, one copy of the data and one optimizer step.
+
+Each member is bookkept by its own engine ``Segment`` (progress, meter, log file, TensorBoard,
+checkpoints): its segment directory holds an ordinary, unfused checkpoint, so a member can go
+on alone, and a fused group resumes from its members' checkpoints. Each member keeps its own
+seed (initial weights, batch order) and hyper-parameters: learning rate and its schedule
+(its own torch scheduler, stepped per batch), momentum, weight decay, optimizer. The
+optimizer step is one vectorised update over the stacked tensors with per-member
+hyper-parameters (``FusedOptimizer``), the same arithmetic as torch's single-tensor SGD and
+Adam. A member whose loss turns NaN or infinite leaves the group at the epoch's end; the
+others never see its values (its gradients are its own slice).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from contextlib import nullcontext
+
+import torch
+import torch.nn.functional as F
+from torch.func import functional_call, stack_module_state, vmap
+
+from ..loaders import eval_batches, normalize
+from .build import build_placed_model, seed_everything
+from .stop import StopController
+
+MODES = ("vmap", "loop")
+
+
+def default_mode(device) -> str:
+    """vmap where grouped convolutions pay (CUDA), loop on CPU (measured: bench/gpu_sweep.py)."""
+    return "vmap" if str(device).startswith("cuda") else "loop"
+
+
+class FusedModel:
+    """The stacked parameters and buffers of K members of one architecture. The members'
+    own modules are where their state is imported from and exported to (checkpoints)."""
+
+    def __init__(self, modules: list, mode: str):
+        if mode not in MODES:
+            raise ValueError(f"fused mode {mode!r}: one of {MODES}")
+        self.mode, self.size = mode, len(modules)
+        self.template = copy.deepcopy(modules[0]).to("meta")
+        params, buffers = stack_module_state(modules)
+        self.params = {name: p.detach().clone().requires_grad_() for name, p in params.items()}
+        self.buffers = {name: b.detach().clone() for name, b in buffers.items()}
+        for p in self.params.values():
+            p.grad = torch.zeros_like(p)  # accumulated into in place: one tensor for the step
+
+    def member_state(self, k: int) -> dict:
+        """Member k's parameters and buffers: views into the stacked tensors."""
+        state = {name: p[k] for name, p in self.params.items()}
+        state.update({name: b[k] for name, b in self.buffers.items()})
+        return state
+
+    @torch.no_grad()
+    def export_to(self, modules: list) -> None:
+        """Each member's current weights and running statistics into its own module."""
+        for k, module in enumerate(modules):
+            for name, tensor in [*module.named_parameters(), *module.named_buffers()]:
+                stacked = self.params.get(name)
+                tensor.copy_(stacked[k] if stacked is not None else self.buffers[name][k])
+
+    def train(self, mode: bool = True) -> None:
+        self.template.train(mode)
+
+    def forward(self, x, shared_input: bool = False):
+        """Logits (K, B, classes) of each member on its own batch x[k] (x: (K, B, ...)), or
+        on the same batch x (B, ...) with ``shared_input``."""
+        if self.mode == "vmap":
+            def call(params, buffers, inputs):
+                return functional_call(self.template, (params, buffers), (inputs,))
+            fused = vmap(call, in_dims=(0, 0, None if shared_input else 0), randomness="different")
+            return fused(self.params, self.buffers, x)
+        return torch.stack([functional_call(self.template, self.member_state(k),
+                                            (x if shared_input else x[k],))
+                            for k in range(self.size)])
+
+    def zero_grad(self) -> None:
+        for p in self.params.values():
+            p.grad.zero_()
+
+
+def _view(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """Per-member values (K,) broadcast against a stacked tensor (K, ...)."""
+    return values.view((-1,) + (1,) * (like.dim() - 1))
+
+
+class FusedOptimizer:
+    """One update of all members' stacked parameters, with each member's own optimizer kind
+    and hyper-parameters, read from its own torch optimizer (whose learning rate its own
+    scheduler sets). Members are ordered so that each kind is one contiguous slice (a view).
+
+    The arithmetic is torch's single-tensor SGD (momentum, dampening 0, no Nesterov) and
+    Adam (no amsgrad); ``export``/``load`` move the state to and from the members' own
+    optimizers, in torch's own format, for their checkpoints."""
+
+    def __init__(self, fused: FusedModel, optimizers: list):
+        self.fused, self.optimizers = fused, optimizers
+        kinds = [self.kind(opt) for opt in optimizers]
+        if kinds != sorted(kinds):
+            raise ValueError("fused members must be ordered by optimizer kind")
+        self.slices = [(kind, kinds.index(kind), len(kinds) - kinds[::-1].index(kind))
+                       for kind in sorted(set(kinds))]
+        self.device = next(iter(fused.params.values())).device
+        for opt in optimizers:
+            g = opt.param_groups[0]
+            if g.get("nesterov") or g.get("dampening", 0) or g.get("amsgrad") or g.get("maximize"):
+                raise ValueError("fused optimizers: SGD without nesterov/dampening, Adam "
+                                 "without amsgrad")
+        self.names = list(fused.params)
+        self.state = {name: {} for name in self.names}
+        self.steps = torch.zeros(len(optimizers), device=self.device)  # Adam's step count
+        self.started = False  # SGD's momentum buffers hold a value
+
+    @staticmethod
+    def kind(optimizer) -> str:
+        return "adam" if isinstance(optimizer, torch.optim.Adam) else "sgd"
+
+    def _buffer(self, name: str, key: str) -> torch.Tensor:
+        if key not in self.state[name]:
+            self.state[name][key] = torch.zeros_like(self.fused.params[name].detach())
+        return self.state[name][key]
+
+    def hyper(self) -> dict:
+        """Each member's hyper-parameters now, as its schedule left them (OneCycleLR moves
+        momentum and Adam's beta1 too): one (K,) tensor per name."""
+        rows = []
+        for opt in self.optimizers:
+            g = opt.param_groups[0]
+            beta1, beta2 = g.get("betas", (0.9, 0.999))
+            rows.append([g["lr"], g.get("momentum", 0.0), g["weight_decay"], beta1, beta2,
+                         g.get("eps", 1e-8)])
+        values = torch.tensor(rows, dtype=torch.float64).t().to(self.device, torch.float32)
+        return dict(zip(("lr", "momentum", "weight_decay", "beta1", "beta2", "eps"), values))
+
+    @torch.no_grad()
+    def step(self) -> None:
+        hyper = self.hyper()
+        for kind, start, end in self.slices:
+            part = {name: values[start:end] for name, values in hyper.items()}
+            if kind == "sgd":
+                self._sgd(slice(start, end), **part)
+            else:
+                self._adam(slice(start, end), **part)
+        self.started = True
+
+    def _sgd(self, part: slice, lr, momentum, weight_decay, **_) -> None:
+        wd = weight_decay
+        decay, with_momentum = bool(wd.any()), bool(momentum.any())
+        for name in self.names:
+            p = self.fused.params[name].detach()[part]
+            d = self.fused.params[name].grad[part]
+            if decay:
+                d = d + _view(wd, p) * p
+            if with_momentum:
+                buf = self._buffer(name, "momentum_buffer")[part]
+                if self.started:
+                    buf.mul_(_view(momentum, buf)).add_(d)
+                else:
+                    buf.copy_(d)
+                d = torch.where(_view(momentum, buf) != 0, buf, d)
+            p.sub_(_view(lr, p) * d)
+
+    def _adam(self, part: slice, lr, weight_decay, beta1, beta2, eps, **_) -> None:
+        wd, b1, b2 = weight_decay, beta1, beta2
+        self.steps[part] += 1
+        step = self.steps[part]
+        bias1, bias2_sqrt = 1 - b1 ** step, (1 - b2 ** step).sqrt()
+        for name in self.names:
+            p = self.fused.params[name].detach()[part]
+            d = self.fused.params[name].grad[part]
+            if bool(wd.any()):
+                d = d + _view(wd, p) * p
+            m = self._buffer(name, "exp_avg")[part]
+            v = self._buffer(name, "exp_avg_sq")[part]
+            m.lerp_(d, _view(1 - b1, m))
+            v.mul_(_view(b2, v)).add_(_view(1 - b2, v) * d * d)
+            denom = (v.sqrt() / _view(bias2_sqrt, v)).add_(_view(eps, v))
+            p.sub_(_view(lr / bias1, p) * m / denom)
+
+    # ---- the members' own optimizers (their checkpoints) ------------------------------
+    def _member_params(self, k: int) -> list:
+        return list(self.optimizers[k].param_groups[0]["params"])
+
+    @torch.no_grad()
+    def load(self) -> None:
+        """Stacked state from the members' optimizers (after they resumed)."""
+        have = [bool(opt.state) for opt in self.optimizers]
+        momentum_members = [k for k, opt in enumerate(self.optimizers)
+                            if self.kind(opt) == "sgd" and opt.param_groups[0]["momentum"]]
+        self.started = any(have[k] for k in momentum_members)
+        if self.started and not all(have[k] for k in momentum_members):
+            raise ValueError("fused members resumed at different points (momentum state)")
+        for k, opt in enumerate(self.optimizers):
+            for name, param in zip(self.names, self._member_params(k)):
+                state = opt.state.get(param, {})
+                for key in ("momentum_buffer", "exp_avg", "exp_avg_sq"):
+                    if state.get(key) is not None:
+                        self._buffer(name, key)[k].copy_(state[key])
+                if "step" in state:
+                    self.steps[k] = float(state["step"])
+
+    @torch.no_grad()
+    def export(self) -> None:
+        """Each member's state into its own optimizer, as torch keeps it (copies)."""
+        for k, opt in enumerate(self.optimizers):
+            sgd = self.kind(opt) == "sgd"
+            if sgd and (not opt.param_groups[0]["momentum"] or not self.started):
+                continue  # torch keeps no momentum buffer before the first step, or without
+            if not sgd and self.steps[k] == 0:
+                continue
+            for name, param in zip(self.names, self._member_params(k)):
+                if sgd:
+                    opt.state[param] = {"momentum_buffer": self.state[name]["momentum_buffer"][k].clone()}
+                else:
+                    opt.state[param] = {"step": self.steps[k].detach().cpu().clone(),
+                                        "exp_avg": self.state[name]["exp_avg"][k].clone(),
+                                        "exp_avg_sq": self.state[name]["exp_avg_sq"][k].clone()}
+
+
+class FusedBatches:
+    """Each member's batch of one step, stacked: member k's batch b is the one it would see
+    alone (its own seed's order), gathered in one index_select for all members."""
+
+    def __init__(self, member_batches: list):
+        self.members = member_batches
+        first = member_batches[0]
+        self.split, self.batch_size = first.split, first.batch_size
+        self.channels_last = first.channels_last
+
+    def __len__(self) -> int:
+        return len(self.members[0])
+
+    def epoch(self, epoch: int, start: int = 0):
+        device = self.split.images.device
+        orders = torch.stack([b.indices(epoch) for b in self.members]).to(device)
+        size = self.batch_size
+        for b in range(start, len(self)):
+            sel = orders[:, b * size:(b + 1) * size]
+            k, n = sel.shape
+            flat = sel.reshape(-1)
+            x = normalize(self.split.images.index_select(0, flat), self.channels_last)
+            y = self.split.labels.index_select(0, flat)
+            yield x.view(k, n, *x.shape[1:]), y.view(k, n)
+
+
+class FusedGroup:
+    """Drives the members' Segments (each resumed, at one position) through fused steps:
+    stop and save decisions are the group's, taken once per batch for all."""
+
+    def __init__(self, members: list, mode: str, say):
+        self.members, self.say = members, say
+        self.fused = FusedModel([m.model for m in members], mode)
+        self.optimizer = FusedOptimizer(self.fused, [m.optimizer for m in members])
+        self.optimizer.load()
+        for m in members:  # their schedules follow the fused step, not optimizer.step()
+            m.optimizer._opt_called = True
+        self.strategy = members[0].strategy
+
+    def autocast(self):
+        return self.strategy.autocast() if self.strategy else nullcontext()
+
+    def train_step(self, x, y):
+        """Mean loss (K,) and hits (K,) of each member's batch; one backward, one step."""
+        k, n = y.shape
+        with self.autocast():
+            out = self.fused.forward(x)
+            losses = F.cross_entropy(out.reshape(k * n, -1).float(), y.reshape(-1),
+                                     reduction="none").view(k, n).mean(1)
+        self.fused.zero_grad()
+        losses.sum().backward()  # member k's gradient is that of its own loss only
+        self.optimizer.step()
+        for m in self.members:
+            m.scheduler.step()
+        hits = (out.detach().argmax(-1) == y).sum(1)
+        return losses.detach(), hits
+
+    @torch.no_grad()
+    def evaluate(self) -> list[float]:
+        """Test accuracy of every member on the shared test split."""
+        first = self.members[0]
+        s, cfg = first.strategy, first.cfg
+        self.fused.train(False)
+        hits = torch.zeros(self.fused.size, dtype=torch.float64, device=s.device)
+        total = 0
+        for x, y, valid in eval_batches(first.test_split, cfg.eval_batch_size, 0, 1,
+                                        cfg.channels_last, s.device):
+            with self.autocast():
+                pred = self.fused.forward(x, shared_input=True).argmax(-1)
+            hits += ((pred == y) & valid).sum(1).double()
+            total += int(valid.sum())
+        self.fused.train(True)
+        return (hits / total).tolist()
+
+    def export(self) -> None:
+        self.fused.export_to([m.model for m in self.members])
+        self.optimizer.export()
+
+    def run(self, stop: StopController, batches: FusedBatches) -> tuple[str | None, list]:
+        """Train to the members' target epoch or a stop, as ``Segment.run`` does for one
+        run; returns the stop reason and the members that left the group early
+        (diverged, early-stopped), already finished. The members still in it are ``self.members``."""
+        members, left = self.members, []
+        first, p = members[0], members[0].progress
+        for m in members:
+            m.begin(stop)
+            m.start_epoch()
+        reason = None
+        may_save = all(m.work_dir is not None for m in members)
+        while reason is None and p.epoch < first.until_epoch:
+            for x, y in batches.epoch(p.epoch, p.step):
+                losses, hits = self.train_step(x, y)
+                for k, m in enumerate(members):
+                    m.account(losses[k], hits[k], y.shape[1])
+                if p.step >= first.steps:
+                    break  # the epoch's end decides
+                reason = self.decide(stop, may_save)
+                if reason:
+                    break
+            if reason is not None:
+                break
+            self.close_epoch()
+            ended = self.ended()
+            if ended:
+                left += ended
+                batches = self._drop(ended)
+                members = self.members
+                if not members:
+                    return None, left
+                first, p = members[0], members[0].progress
+            if p.epoch >= first.until_epoch:
+                break
+            for m in members:
+                m.start_epoch()
+            reason = self.decide(stop, may_save)
+        self.export()
+        return reason, left
+
+    def decide(self, stop: StopController, may_save: bool) -> str | None:
+        """The group's stop/save decision at a batch boundary (Segment._decide, once)."""
+        members = self.members
+        first = members[0]
+        reason, save = stop.decide(first.meter.step_s() + first.save_s, may_save)
+        if reason or save:
+            for m in members:
+                m.meter.fold(m.progress)
+        if save:
+            t0 = time.perf_counter()
+            self.export()
+            for m in members:
+                m.save(m.work_dir)
+                m.report.saved()
+            save_s = time.perf_counter() - t0
+            stop.saved()
+            for m in members:
+                m.save_s = save_s
+                m.meter.restart_clock(m.progress)
+        return reason
+
+    def close_epoch(self) -> None:
+        """Every member's epoch record: one fused evaluation; the GPU sampled once."""
+        t_eval = time.perf_counter()
+        accs = self.evaluate()
+        eval_s = (time.perf_counter() - t_eval) / len(self.members)
+        first = None
+        for k, m in enumerate(self.members):
+            rec = m.close_epoch(lambda k=k: accs[k])
+            rec["eval_s"] = eval_s
+            if first is None:
+                first = rec
+            elif rec["gpu_util_pct"] is None:
+                rec["gpu_util_pct"], rec["gpu_mem_mb"] = first["gpu_util_pct"], first["gpu_mem_mb"]
+
+    def ended(self) -> list:
+        """Members whose run ends at this epoch's end: a loss that is no longer finite
+        (diverged), or train.early_stop; the others go on."""
+        for m in self.members:
+            loss = m.progress.history[-1]["train_loss"]
+            if not math.isfinite(loss):
+                m.ended_early = f"diverged: train loss {loss} in epoch {m.progress.epoch}"
+                m.log(f"WARNING: {m.ended_early}; the run ends here (the other members of "
+                      "its fused group go on)")
+        return [m for m in self.members if m.stopped_early()]
+
+    def _drop(self, ended: list) -> FusedBatches | None:
+        """The ended members publish their checkpoint (their run is done) and leave; the
+        group goes on without them, re-stacked."""
+        self.export()
+        for m in ended:
+            self.say(f"{m.cfg.run}: {m.stopped_early()}; it leaves the fused group")
+            m.result = m.finish(None)
+        self.members = [m for m in self.members if m not in ended]
+        if not self.members:
+            return None
+        self.__init__(self.members, self.fused.mode, self.say)
+        return FusedBatches([m.batches for m in self.members])
+
+
+def build_members(members: list, mode: str | None = None) -> str:
+    """Load the data once, build each member's model (its own seed), optimizer and
+    schedule, exactly as the member would alone; returns the fusion mode."""
+    first = members[0]
+    first.load_data()
+    batches0 = first.make_batches()
+    for m in members:
+        m.train_split, m.test_split = first.train_split, first.test_split
+        m.data_dir = first.data_dir
+        seed_everything(m.cfg.seed, m.cfg.deterministic, False)
+        batches = batches0 if m is first else m.make_batches()
+        model = build_placed_model(m.cfg, m.strategy)
+        m.attach(model, *m.make_optimizer(model.parameters(), len(batches)), batches)
+    return mode or default_mode(first.strategy.device)
+
+
+def train_fused(members: list, mode: str | None, start_time: float, say) -> dict:
+    """Segment k of each member (Segments built for one process each, not yet set up),
+    fused: the members resumed at one position train as one group; members at another
+    position (an earlier try stopped them elsewhere) form a group of their own, trained
+    next, and say so. Returns each run's result, or its error (the others go on)."""
+    members = sorted(members, key=lambda m: m.cfg.optimizer)  # one slice per kind
+    for m in members:
+        m.strategy.setup()
+    mode = build_members(members, mode)
+    results, groups = {}, {}
+    for m in members:
+        try:
+            m.resume()
+        except Exception as exc:  # this member's checkpoint: the others are not concerned
+            results[m.cfg.run] = {"error": f"{type(exc).__name__}: {exc}"}
+            m.log(f"ERROR: {type(exc).__name__}: {exc}")
+            continue
+        groups.setdefault((m.progress.epoch, m.progress.step), []).append(m)
+    if len(groups) > 1:
+        say(f"members resume at {len(groups)} different points: "
+            + "; ".join(f"epoch {e + 1} batch {b}: {', '.join(m.cfg.run for m in ms)}"
+                        for (e, b), ms in sorted(groups.items()))
+            + " (one fused group each, one after another)")
+    for position, group_members in sorted(groups.items()):
+        first = group_members[0]
+        say(f"fused group of {len(group_members)} ({mode}) on {first.strategy.device}, from "
+            f"epoch {position[0] + 1} batch {position[1]}: "
+            + ", ".join(m.cfg.run for m in group_members))
+        stop = StopController(first.budget_s, first.cfg.margin_s, first.strategy, start_time,
+                              first.cfg.checkpoint_interval_s)
+        group = FusedGroup(group_members, mode, say)
+        reason, left = group.run(stop, FusedBatches([m.batches for m in group.members]))
+        for m in group.members:
+            m.result = m.finish(reason)
+        for m in [*left, *group.members]:
+            results[m.cfg.run] = m.result
+    return results

@@ -1,0 +1,215 @@
+"""Fused packs (pack.fuse): K members trained in one process as one fused model, through the
+real `cifarflow train-fused` / `train` commands on CPU.
+
+What is proven here: each member ends within a stated tolerance of the same member trained
+alone (its own seed, batches and hyper-parameters: lr, optimizer, momentum, weight decay,
+schedule), BatchNorm running statistics per member, fused K-segment training bit-identical
+to one segment (stops inside an epoch included), a member's checkpoint going on unfused,
+and a diverging member stopped without touching the others (bit-identical to a group
+without it)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import ENV, ROOT, SYNTHETIC, assert_bit_identical, cli, metrics_of, state_of
+
+from cifarflow.checkpoint import read_manifest
+from cifarflow.config import with_defaults
+from cifarflow.layout import RunPaths
+from cifarflow.plan import build_runs
+
+# Fused and alone differ only by float rounding: the fused step runs the members' convolutions
+# on the stacked weights' slices (not channels_last), the vectorised optimizer multiplies by a
+# per-member learning rate tensor. After 2 epochs (40 steps) every weight is within:
+ATOL, RTOL = 2e-4, 2e-3
+MODELS = {**ENV, "PYTHONPATH": f"{ENV['PYTHONPATH']}:{ROOT / 'tests' / 'integration'}"}
+BN_MODEL = "fused_models:small_bn_net"  # tests/integration/fused_models.py
+
+
+def plan(results: Path, sweep: dict, **train) -> list[str]:
+    """The sweep's runs planned as the workflow plans them, their specs written."""
+    config = with_defaults({"strategies": ["cpu"], "data": {"synthetic": SYNTHETIC},
+                            "train": {"epochs": 2, "batch_size": 100, "eval_batch_size": 400,
+                                      "log_interval_s": 1000, **train},
+                            "sweep": sweep})
+    runs = build_runs(config)
+    for name, run in runs.items():
+        run.config.write(RunPaths(str(results), name).spec)
+    return list(runs)
+
+
+def train_fused(results: Path, data: Path, runs: list[str], k: int = 1, until: int = 2,
+                mode: str = "loop", budget_min: float = 60, check: bool = True) -> dict:
+    status = results / f"status-{k}.json"
+    cli("train-fused", "--pack", "p", "--segment", k, "--results", results, "--data", data,
+        "--until-epoch", until, "--threads", 2, "--budget-min", budget_min, "--mode", mode,
+        "--status", status, "--members", *runs, env=MODELS, check=check)
+    return json.loads(status.read_text())
+
+
+def train_alone(results: Path, data: Path, run: str, k: int = 1, until: int = 2) -> None:
+    paths = RunPaths(str(results), run)
+    args = ["train", "--spec", paths.spec, "--data", data, "--out", paths.segment(k),
+            "--work", paths.work, "--until-epoch", until, "--threads", 2]
+    if k > 1:
+        args += ["--resume", paths.segment(k - 1)]
+    cli(*args, env=MODELS)
+
+
+def segment(results: Path, run: str, k: int) -> Path:
+    return Path(RunPaths(str(results), run).segment(k))
+
+
+def assert_close(fused: dict, alone: dict) -> None:
+    assert fused.keys() == alone.keys()
+    for key, value in alone.items():
+        if value.is_floating_point():
+            assert torch.allclose(fused[key], value, rtol=RTOL, atol=ATOL), \
+                f"{key}: max difference {(fused[key] - value).abs().max():.2e}"
+        else:
+            assert torch.equal(fused[key], value), key
+
+
+def test_members_train_as_alone_each_with_its_own_hyperparameters(tmp_path, cifar_dir):
+    """Four members, every one with other hyper-parameters (SGD with momentum and weight
+    decay, SGD without momentum, Adam, a cosine and a onecycle schedule, another seed),
+    fused in one process: each ends within tolerance of itself trained alone, with the same
+    metrics' shape, and a checkpoint in the unfused format."""
+    fused_dir, alone_dir = tmp_path / "fused", tmp_path / "alone"
+    sweeps = [{"lr": [0.05], "weight_decay": [0.0005], "scheduler": ["cosine"]},
+              {"lr": [0.02], "momentum": [0.0], "seed": [3]},
+              {"lr": [0.002], "optimizer": ["adam"], "scheduler": ["onecycle"]},
+              {"lr": [0.1], "seed": [7]}]
+    runs = [name for sweep in sweeps for name in plan(fused_dir, sweep)]
+    for sweep in sweeps:
+        plan(alone_dir, sweep)
+    assert len(set(runs)) == 4
+    status = train_fused(fused_dir, cifar_dir, runs)
+    assert {run: (s["exit"], s["done"], s["epoch"]) for run, s in status.items()} == {
+        run: (0, True, 2) for run in runs}
+    for run in runs:
+        train_alone(alone_dir, cifar_dir, run)
+        fused, alone = state_of(segment(fused_dir, run, 1)), state_of(segment(alone_dir, run, 1))
+        assert_close(fused["model"], alone["model"])
+        assert fused["optimizer"]["param_groups"][0]["lr"] == pytest.approx(
+            alone["optimizer"]["param_groups"][0]["lr"], rel=1e-12)
+        for (_, a), (_, b) in zip(sorted(fused["optimizer"]["state"].items()),
+                                  sorted(alone["optimizer"]["state"].items())):
+            assert a.keys() == b.keys()
+            for key in a:
+                assert torch.allclose(a[key].float(), b[key].float(), rtol=RTOL, atol=ATOL), key
+        fm, am = metrics_of(segment(fused_dir, run, 1)), metrics_of(segment(alone_dir, run, 1))
+        assert [r["epoch"] for r in fm] == [1, 2]
+        for f, a in zip(fm, am):
+            assert f["train_loss"] == pytest.approx(a["train_loss"], rel=1e-3)
+            assert f["lr"] == pytest.approx(a["lr"], rel=1e-9)
+        log = Path(RunPaths(str(fused_dir), run).log(1)).read_text()
+        assert f"[{run}]" in log and "epoch 2/2 loss" in log
+
+
+def test_batchnorm_members_keep_their_own_running_statistics(tmp_path, cifar_dir):
+    """A user's model with BatchNorm: each member's running mean/var and batch count are
+    its own, within tolerance of the member alone, in both fusions (vmap: grouped
+    convolutions and BatchNorm over the concatenated channels, as on CUDA)."""
+    runs = plan(tmp_path / "loop", {"lr": [0.02, 0.2]}, model=BN_MODEL, epochs=1)
+    for mode in ("loop", "vmap"):
+        plan(tmp_path / mode, {"lr": [0.02, 0.2]}, model=BN_MODEL, epochs=1)
+        train_fused(tmp_path / mode, cifar_dir, runs, until=1, mode=mode)
+    plan(tmp_path / "alone", {"lr": [0.02, 0.2]}, model=BN_MODEL, epochs=1)
+    means = []
+    for run in runs:
+        train_alone(tmp_path / "alone", cifar_dir, run, until=1)
+        alone = state_of(segment(tmp_path / "alone", run, 1))["model"]
+        for mode in ("loop", "vmap"):
+            fused = state_of(segment(tmp_path / mode, run, 1))["model"]
+            assert_close(fused, alone)
+            assert int(fused["bn.num_batches_tracked"]) == 20
+        means.append(alone["bn.running_mean"])
+    assert not torch.allclose(means[0], means[1])  # the members' statistics differ
+
+
+@pytest.mark.slow  # 6 fused trainings of 2 members: 90 s on a quiet machine
+def test_fused_segments_are_bit_identical_to_one_segment(tmp_path, cifar_dir):
+    """Fused, 2 epochs in one segment == epoch 1, then epoch 2 == a segment stopped by its
+    time budget wherever it stopped (inside an epoch, at its end, or never), then the
+    rest. Every member's weights, optimizer state and metrics, bit for bit."""
+    sweep = {"lr": [0.03, 0.08], "optimizer": ["sgd", "adam"]}
+    for name in ("one", "two", "stopped"):
+        runs = plan(tmp_path / name, sweep)
+    train_fused(tmp_path / "one", cifar_dir, runs)
+    train_fused(tmp_path / "two", cifar_dir, runs, k=1, until=1)
+    train_fused(tmp_path / "two", cifar_dir, runs, k=2, until=2)
+    first = train_fused(tmp_path / "stopped", cifar_dir, runs, k=1, until=2, budget_min=0.002)
+    k = 1
+    while not all(first[run]["done"] for run in runs):
+        k += 1
+        first = train_fused(tmp_path / "stopped", cifar_dir, runs, k=k, until=2)
+    for run in runs:
+        one = state_of(segment(tmp_path / "one", run, 1))
+        for other, last in (("two", 2), ("stopped", k)):
+            state = state_of(segment(tmp_path / other, run, last))
+            assert_bit_identical(state["model"], one["model"])
+            for a, b in zip(state["optimizer"]["state"].values(),
+                            one["optimizer"]["state"].values()):
+                assert_bit_identical(a, b)
+            assert [r["train_loss"] for r in metrics_of(segment(tmp_path / other, run, last))] \
+                == [r["train_loss"] for r in metrics_of(segment(tmp_path / "one", run, 1))]
+
+
+@pytest.mark.slow
+def test_a_member_goes_on_unfused_from_its_fused_checkpoint(tmp_path, cifar_dir):
+    """Segment 1 fused, segment 2 alone (`cifarflow train --resume`): the checkpoint is
+    the unfused format; the result is within tolerance of 2 fused segments."""
+    runs = plan(tmp_path / "mixed", {"lr": [0.05, 0.1]})
+    plan(tmp_path / "fused", {"lr": [0.05, 0.1]})
+    train_fused(tmp_path / "mixed", cifar_dir, runs, k=1, until=1)
+    train_fused(tmp_path / "fused", cifar_dir, runs, k=1, until=1)
+    train_fused(tmp_path / "fused", cifar_dir, runs, k=2, until=2)
+    for run in runs:
+        train_alone(tmp_path / "mixed", cifar_dir, run, k=2, until=2)
+        assert_close(state_of(segment(tmp_path / "mixed", run, 2))["model"],
+                     state_of(segment(tmp_path / "fused", run, 2))["model"])
+
+
+def test_a_diverging_member_stops_alone(tmp_path, cifar_dir):
+    """A member whose loss turns NaN/inf leaves the group at the epoch's end: its run is
+    done and says why (manifest, log), and the others end bit-identical to a fused group
+    that never had it."""
+    # weight decay 7 at lr 1 multiplies the weights by -6 a step: inf within the first epoch
+    calm = plan(tmp_path / "with", {"lr": [0.02, 0.05]}, model=BN_MODEL)
+    wild, = plan(tmp_path / "with", {"lr": [1.0], "weight_decay": [7.0]}, model=BN_MODEL)
+    runs = [calm[0], wild, calm[1]]
+    plan(tmp_path / "without", {"lr": [0.02, 0.05]}, model=BN_MODEL)
+    status = train_fused(tmp_path / "with", cifar_dir, runs)
+    train_fused(tmp_path / "without", cifar_dir, calm)
+    assert all(status[run]["exit"] == 0 and status[run]["done"] for run in runs)
+    manifest = read_manifest(segment(tmp_path / "with", wild, 1))
+    assert manifest["done"] and manifest["early_stop"].startswith("diverged: train loss")
+    assert manifest["epoch"] == 1  # it left after its first epoch
+    assert not math.isfinite(metrics_of(segment(tmp_path / "with", wild, 1))[-1]["train_loss"])
+    assert "diverged" in Path(RunPaths(str(tmp_path / "with"), wild).log(1)).read_text()
+    for run in calm:
+        assert_bit_identical(state_of(segment(tmp_path / "with", run, 1))["model"],
+                             state_of(segment(tmp_path / "without", run, 1))["model"])
+
+
+def test_early_stop_ends_one_member_of_a_fused_group(tmp_path, cifar_dir):
+    """train.early_stop in a fused group stops that member only: it is done at its early
+    epoch, the other trains on, bit-identical to a group without it."""
+    never_good_enough = {"enabled": True, "patience": 1, "min_delta": 100.0}
+    stopper, = plan(tmp_path / "with", {"lr": [0.03]}, epochs=3, early_stop=never_good_enough)
+    other, = plan(tmp_path / "with", {"lr": [0.06]}, epochs=3)
+    plan(tmp_path / "without", {"lr": [0.06]}, epochs=3)
+    status = train_fused(tmp_path / "with", cifar_dir, [stopper, other], until=3)
+    train_fused(tmp_path / "without", cifar_dir, [other], until=3)
+    assert (status[stopper]["done"], status[stopper]["epoch"]) == (True, 2)
+    assert (status[other]["done"], status[other]["epoch"]) == (True, 3)
+    assert read_manifest(segment(tmp_path / "with", stopper, 1))["early_stop"]
+    assert_bit_identical(state_of(segment(tmp_path / "with", other, 1))["model"],
+                         state_of(segment(tmp_path / "without", other, 1))["model"])
