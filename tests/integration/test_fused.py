@@ -20,7 +20,7 @@ import torch
 from conftest import ENV, ROOT, SYNTHETIC, assert_bit_identical, cli, metrics_of, state_of
 
 from cifarflow.checkpoint import read_manifest
-from cifarflow.config import with_defaults
+from cifarflow.config import TrainConfig, with_defaults
 from cifarflow.layout import RunPaths
 from cifarflow.plan import build_runs
 
@@ -213,3 +213,20 @@ def test_early_stop_ends_one_member_of_a_fused_group(tmp_path, cifar_dir):
     assert read_manifest(segment(tmp_path / "with", stopper, 1))["early_stop"]
     assert_bit_identical(state_of(segment(tmp_path / "with", other, 1))["model"],
                          state_of(segment(tmp_path / "without", other, 1))["model"])
+
+
+def test_a_member_whose_checkpoint_is_refused_fails_alone(tmp_path, cifar_dir):
+    """Segment 2 of a fused pack where one member's config changed since segment 1 (its
+    lr): that member fails with the refusal and exit status 2 in the status file, its
+    log says why; the other trains segment 2 as if alone in the group."""
+    runs = plan(tmp_path, {"lr": [0.03, 0.06]})
+    train_fused(tmp_path, cifar_dir, runs, k=1, until=1)
+    changed = TrainConfig.read(Path(RunPaths(str(tmp_path), runs[1]).spec))
+    changed = TrainConfig.from_dict({**changed.to_dict(), "lr": 0.5})
+    changed.write(RunPaths(str(tmp_path), runs[1]).spec)
+    status = train_fused(tmp_path, cifar_dir, runs, k=2, until=2, check=False)
+    assert status[runs[0]]["exit"] == 0 and status[runs[0]]["epoch"] == 2
+    assert status[runs[1]]["exit"] == 2
+    assert "refusing to resume" in status[runs[1]]["error"]
+    assert "refusing to resume" in Path(RunPaths(str(tmp_path), runs[1]).log(2)).read_text()
+    assert not segment(tmp_path, runs[1], 2).exists()
