@@ -46,6 +46,19 @@ def default_mode(device) -> str:
     return "vmap" if str(device).startswith("cuda") else "loop"
 
 
+def member_layout(stacked: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """A copy of the stacked tensor (K, ...) whose slices keep the member's memory format:
+    channels_last convolution weights stay channels_last (oneDNN and cuDNN would otherwise
+    reorder them at every call)."""
+    if like.dim() == 4 and like.is_contiguous(memory_format=torch.channels_last) \
+            and not like.is_contiguous():
+        k, o, i, h, w = stacked.shape
+        out = torch.empty((k, o, h, w, i), dtype=stacked.dtype, device=stacked.device)
+        out = out.permute(0, 1, 4, 2, 3)
+        return out.copy_(stacked)
+    return stacked.clone()
+
+
 class FusedModel:
     """The stacked parameters and buffers of K members of one architecture. The members'
     own modules are where their state is imported from and exported to (checkpoints)."""
@@ -56,7 +69,8 @@ class FusedModel:
         self.mode, self.size = mode, len(modules)
         self.template = copy.deepcopy(modules[0]).to("meta")
         params, buffers = stack_module_state(modules)
-        self.params = {name: p.detach().clone().requires_grad_() for name, p in params.items()}
+        self.params = {name: member_layout(p.detach(), modules[0].get_parameter(name))
+                       .requires_grad_() for name, p in params.items()}
         self.buffers = {name: b.detach().clone() for name, b in buffers.items()}
         for p in self.params.values():
             p.grad = torch.zeros_like(p)  # accumulated into in place: one tensor for the step
