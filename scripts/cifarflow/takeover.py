@@ -44,14 +44,16 @@ def open_tries(entries: list[dict]) -> list[dict]:
 
 
 def process_alive(entry: dict) -> bool:
-    """A try outside Slurm: its process, on this host, still a `cifarflow train`."""
+    """A try outside Slurm: its process, on this host, still a `cifarflow train` (or a
+    fused pack's `cifarflow train-fused`)."""
     if entry.get("host") != socket.gethostname() or not entry.get("pid"):
         return False
     try:
         argv = Path(f"/proc/{entry['pid']}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return False
-    return b"train" in argv and any(b"cifarflow" in a for a in argv)
+    return (any(a in (b"train", b"train-fused") for a in argv)
+            and any(b"cifarflow" in a for a in argv))
 
 
 def alive(entry: dict) -> bool:
@@ -65,8 +67,9 @@ def alive(entry: dict) -> bool:
 def cancel(entry: dict) -> None:
     if entry.get("job_id"):
         slurm.cancel(entry["job_id"])
-    else:
+    else:  # and wake it if it was stopped (Ctrl-Z, SIGSTOP): it must act on the SIGTERM
         os.kill(entry["pid"], signal.SIGTERM)
+        os.kill(entry["pid"], signal.SIGCONT)
 
 
 def describe(entry: dict) -> str:

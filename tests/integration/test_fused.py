@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import ENV, ROOT, SYNTHETIC, assert_bit_identical, cli, metrics_of, state_of
+from conftest import (ENV, ROOT, SYNTHETIC, assert_bit_identical, cli, final_states, metrics_of,
+                      snakemake, state_of, summary_rows, sweep_config)
 
 from cifarflow.checkpoint import read_manifest
 from cifarflow.config import TrainConfig, with_defaults
@@ -230,3 +231,27 @@ def test_a_member_whose_checkpoint_is_refused_fails_alone(tmp_path, cifar_dir):
     assert "refusing to resume" in status[runs[1]]["error"]
     assert "refusing to resume" in Path(RunPaths(str(tmp_path), runs[1]).log(2)).read_text()
     assert not segment(tmp_path, runs[1], 2).exists()
+
+
+@pytest.mark.slow  # a local workflow of 4 runs, and the 16-run unpacked sweep it is compared to
+def test_a_fused_sweep_through_the_workflow(tmp_path, unpacked_sweep):
+    """`snakemake --cores 2` of 4 runs in fused packs of 2, 2 segments: each pack segment is
+    one `train-fused` process; every run has its segments, logs, summary row, and ends
+    within tolerance of the same run unpacked."""
+    config = sweep_config(tmp_path / "c.yaml", 4, 2)
+    config.write_text(config.read_text().replace("pack: {runs_per_job: 2}",
+                                                 "pack: {runs_per_job: 2, fuse: true}"))
+    dry = snakemake(tmp_path, "-n", configfile=config)
+    assert "pack.fuse: 4 runs in 2 fused pack(s) (lenet bs 100: 2)" in dry.stdout + dry.stderr
+    snakemake(tmp_path, "--cores", "2", configfile=config)
+    pack_log = (tmp_path / "results/logs/packs/cpu-pack001/segment-2.log").read_text()
+    assert "2 member(s) fused in one process" in pack_log
+    assert "fused group of 2 (loop) on cpu, from epoch 2 batch 0" in pack_log
+    rows = summary_rows(tmp_path)
+    assert sorted(rows) == ["cpu_lr0p01", "cpu_lr0p02", "cpu_lr0p03", "cpu_lr0p04"]
+    assert {row["status"] for row in rows.values()} == {"ok"}
+    assert {row["segments"] for row in rows.values()} == {"2"}
+    for run, state in final_states(tmp_path).items():
+        assert_close(state["model"], unpacked_sweep[run]["model"])
+        logs = tmp_path / "results/logs/train" / run
+        assert (logs / "segment-2.log").resolve().name == "segment-2.attempt1.log"

@@ -365,3 +365,25 @@ def test_a_pack_member_s_next_try_follows_its_logs(tmp_path):
                  "segment-2.attempt5.log", "segment-1.log"):
         Path(paths.logs, name).write_text("")
     assert next_attempt(paths, 1) == 3 and next_attempt(paths, 2) == 6
+
+
+def test_a_fused_pack_is_one_task_with_the_members_memory_and_one_gpu(tmp_path, bin_dir):
+    """pack.fuse: the job trains its members in one process: one task of a member's cores,
+    every member's memory, one GPU; its command line says --fuse; the plan says how the
+    sweep fused, in one line."""
+    plan = make_plan(tmp_path, bin_dir, strategies=["gpu"], sweep={"lr": [0.1, 0.2, 0.3]},
+                     pack={"runs_per_job": 3, "fuse": True},
+                     resources={"mem_mb": 1000, "cpus_per_task": 2})
+    assert [(p.members, p.fuse) for p in plan.packs.values()] == [
+        (["gpu_lr0p1", "gpu_lr0p2", "gpu_lr0p3"], "auto")]
+    w = wildcards(pack="gpu-pack001", segment=1)
+    res = plan.pack_resources("gpu")
+    assert (res["tasks"](w), res["cpus_per_task"](w), res["mem_mb_per_cpu"](w, None, 1),
+            res["gres"](w), res["mpi"](w)) == (1, 2, 1500, "gpu:1", "")
+    assert plan.pack_threads("gpu")(w) == 2
+    parsed = parser().parse_args(["train-pack", *plan.pack_args("gpu")(w).split(), "--threads",
+                                  "2", "--budget-min", "30", "--mem-per-cpu", "1500",
+                                  "--record", "r.json"])
+    assert parsed.fuse == "auto" and parsed.members == ["gpu_lr0p1", "gpu_lr0p2", "gpu_lr0p3"]
+    plan.announce()
+    assert plan.log.infos[-1] == "pack.fuse: 3 runs in 1 fused pack(s) (lenet bs 512: 1)"

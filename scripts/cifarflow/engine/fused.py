@@ -150,32 +150,41 @@ class FusedOptimizer:
             self.state[name][key] = torch.zeros_like(self.fused.params[name].detach())
         return self.state[name][key]
 
-    def hyper(self) -> dict:
+    HYPER = ("lr", "momentum", "weight_decay", "beta1", "beta2", "eps")
+
+    def hyper(self) -> tuple[list, dict]:
         """Each member's hyper-parameters now, as its schedule left them (OneCycleLR moves
-        momentum and Adam's beta1 too): one (K,) tensor per name."""
+        momentum and Adam's beta1 too): the host's rows, and one (K,) tensor per name on the
+        device. On CUDA the copy is from pinned memory, non-blocking: the step never waits
+        for the GPU to drain (a plain .to() would synchronise the stream every step)."""
         rows = []
         for opt in self.optimizers:
             g = opt.param_groups[0]
             beta1, beta2 = g.get("betas", (0.9, 0.999))
             rows.append([g["lr"], g.get("momentum", 0.0), g["weight_decay"], beta1, beta2,
                          g.get("eps", 1e-8)])
-        values = torch.tensor(rows, dtype=torch.float64).t().to(self.device, torch.float32)
-        return dict(zip(("lr", "momentum", "weight_decay", "beta1", "beta2", "eps"), values))
+        values = torch.tensor(rows, dtype=torch.float32).t().contiguous()
+        if self.device.type == "cuda":
+            values = values.pin_memory().to(self.device, non_blocking=True)
+        return rows, dict(zip(self.HYPER, values))
 
     @torch.no_grad()
     def step(self) -> None:
-        hyper = self.hyper()
+        rows, hyper = self.hyper()
         for kind, start, end in self.slices:
             part = {name: values[start:end] for name, values in hyper.items()}
+            # whether any member of the slice decays or has momentum: known on the host
+            decay = any(row[2] for row in rows[start:end])
+            momentum = any(row[1] for row in rows[start:end])
             if kind == "sgd":
-                self._sgd(slice(start, end), **part)
+                self._sgd(slice(start, end), decay, momentum, **part)
             else:
-                self._adam(slice(start, end), **part)
+                self._adam(slice(start, end), decay, **part)
         self.started = True
 
-    def _sgd(self, part: slice, lr, momentum, weight_decay, **_) -> None:
+    def _sgd(self, part: slice, decay: bool, with_momentum: bool, lr, momentum, weight_decay,
+             **_) -> None:
         wd = weight_decay
-        decay, with_momentum = bool(wd.any()), bool(momentum.any())
         for name in self.names:
             p = self.fused.params[name].detach()[part]
             d = self.fused.params[name].grad[part]
@@ -190,7 +199,7 @@ class FusedOptimizer:
                 d = torch.where(_view(momentum, buf) != 0, buf, d)
             p.sub_(_view(lr, p) * d)
 
-    def _adam(self, part: slice, lr, weight_decay, beta1, beta2, eps, **_) -> None:
+    def _adam(self, part: slice, decay: bool, lr, weight_decay, beta1, beta2, eps, **_) -> None:
         wd, b1, b2 = weight_decay, beta1, beta2
         self.steps[part] += 1
         step = self.steps[part]
@@ -198,7 +207,7 @@ class FusedOptimizer:
         for name in self.names:
             p = self.fused.params[name].detach()[part]
             d = self.fused.params[name].grad[part]
-            if bool(wd.any()):
+            if decay:
                 d = d + _view(wd, p) * p
             m = self._buffer(name, "exp_avg")[part]
             v = self._buffer(name, "exp_avg_sq")[part]
