@@ -1,4 +1,5 @@
-"""GPU utilisation and memory sampled during training, averaged per epoch.
+"""How many GPUs this process may use (``visible_gpus``: nvidia-smi, no torch), and GPU
+utilisation and memory sampled during training, averaged per epoch.
 
 One reading after an epoch says nothing about the epoch; a background thread reads NVML
 (through torch, which maps CUDA_VISIBLE_DEVICES to the right device) every
@@ -7,10 +8,32 @@ says so once and the metrics stay empty."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
 import threading
 from typing import Callable
 
 Reading = tuple[float, float]  # (utilisation %, memory used MB)
+
+
+def visible_gpus(environ=os.environ, run=subprocess.run, which=shutil.which) -> int | None:
+    """The GPUs this process may use: CUDA_VISIBLE_DEVICES's entries where it is set (a Slurm
+    step with GPUs sets it; CUDA ignores what follows an entry of -1), else the GPUs
+    `nvidia-smi -L` lists; None where no NVIDIA tool says (nothing is known)."""
+    listed = environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        entries = [e.strip() for e in listed.split(",")]
+        if "-1" in entries:
+            entries = entries[:entries.index("-1")]
+        return len([e for e in entries if e and e != "NoDevFiles"])
+    smi = which("nvidia-smi")
+    if not smi:
+        return None
+    out = run([smi, "-L"], capture_output=True, text=True)
+    if out.returncode != 0:
+        return 0  # the tool is there, but no driver or no device answers
+    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
 
 
 def nvml_reader(device) -> tuple[Callable[[], Reading] | None, str | None]:

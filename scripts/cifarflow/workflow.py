@@ -29,7 +29,7 @@ from .config import data_identity
 from .limits import check_fit, check_plan, job_shapes, read_limits, read_partitions
 from .pending import PendingWatch
 from .plan import (Pack, Run, build_packs, build_runs, check_user_models, describe_fusion,
-                   fuse_mode)
+                   fuse_mode, mps_gpus, share_gpus)
 from .progress import watch_progress
 from .strategies import get_strategy
 from .strategies.base import gpu_request
@@ -163,7 +163,26 @@ class StepPack:
         return res
 
 
-PACK_KINDS = {"steps": StepPack()}
+class MpsPack(StepPack):
+    """A GPU pack whose members share each GPU (pack.per_gpu M, pack.py): the members' cores
+    and memory as in StepPack, but G = ceil(members / M) GPUs, and ONE Slurm step holding the
+    node's G GPUs (a step's GPU is its own) starts them under one private MPS daemon, M on
+    each GPU."""
+
+    def args(self, plan: "WorkflowPlan", wildcards) -> str:
+        return f"--per-gpu={plan.packs[wildcards.pack].per_gpu} " + super().args(plan, wildcards)
+
+    def resources(self, plan: "WorkflowPlan", strategy: str) -> dict:
+        model = plan.config["resources"]["gpu_model"]
+
+        def gres(wildcards):
+            gpus = mps_gpus(len(plan.pack_members(wildcards)), plan.packs[wildcards.pack].per_gpu)
+            return gpu_request(model, gpus)["gres"]
+
+        return {**super().resources(plan, strategy), "gres": gres}
+
+
+PACK_KINDS = {"steps": StepPack(), "mps": MpsPack()}
 
 
 class WorkflowPlan:
@@ -212,7 +231,12 @@ class WorkflowPlan:
             runs = build_runs(config)
         except ValueError as exc:
             raise error(f"config error: {exc}")
-        packs = build_packs(runs, config["pack"]["runs_per_job"], fuse_mode(config["pack"]["fuse"]))
+        per_job, per_gpu = config["pack"]["runs_per_job"], config["pack"]["per_gpu"]
+        try:
+            packs = share_gpus(build_packs(runs, per_job, fuse_mode(config["pack"]["fuse"])),
+                               runs, per_gpu, per_job)
+        except ValueError as exc:
+            raise error(f"config error: {exc}")
         return cls(config, basedir, runs, packs, **kw)
 
     # ---- once, in the main process ------------------------------------------------------
@@ -263,9 +287,20 @@ class WorkflowPlan:
                 f"{', '.join(self.packed) or 'no strategy'} in {len(self.packs)} packs of up to "
                 f"{per_job}, one job per pack and segment"
                 + (f"; {', '.join(self.unpacked)} (several processes per run): one job per run "
-                   "and segment" if self.unpacked else ""))
+                   "and segment" if self.unpacked else "") + self.describe_sharing())
         if self.config["pack"]["fuse"] and self.packs:
             self.log.info(describe_fusion(self.runs, self.packs))
+
+    def describe_sharing(self) -> str:
+        """The pack line's part on MPS-shared packs (pack.per_gpu), empty without them."""
+        shared = [p for p in self.packs.values() if p.kind == "mps"]
+        if not shared:
+            return ""
+        per_gpu, largest = shared[0].per_gpu, max(len(p.members) for p in shared)
+        return (f"; {len(shared)} GPU pack(s) share each GPU between {per_gpu} members through "
+                f"one private MPS daemon per node (a pack of {largest} asks gres=gpu:"
+                f"{mps_gpus(largest, per_gpu)}; one Slurm step holds the node's GPUs and "
+                "starts the members)")
 
     def check_against_cluster(self, limits_of=read_limits, partitions_of=read_partitions) -> None:
         """`snakemake -n` says what the plan submits and, where Slurm tells, whether it fits;
