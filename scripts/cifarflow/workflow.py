@@ -26,6 +26,7 @@ from .chain import Chain
 from .job_env import prologue
 from .layout import RunPaths, pack_marker, segment_number, try_args
 from .config import data_identity
+from .gpu_monitor import visible_gpus
 from .limits import check_fit, check_plan, job_shapes, read_limits, read_partitions
 from .pending import PendingWatch
 from .plan import (Pack, Run, build_packs, build_runs, check_user_models, describe_fusion,
@@ -33,6 +34,7 @@ from .plan import (Pack, Run, build_packs, build_runs, check_user_models, descri
 from .progress import watch_progress
 from .strategies import get_strategy
 from .strategies.base import gpu_request
+from .strategies.ddp import too_few_gpus
 from .tries import INVOCATION, out_of_memory_count
 
 
@@ -259,6 +261,7 @@ class WorkflowPlan:
         self.write_specs()
         self.announce()
         self.check_against_cluster()
+        self.check_local_gpus(environ=environ)
         self.pending_watch = PendingWatch(workdir, self.log.warning,
                                           self.config["slurm"]["pending_check_s"],
                                           active=on_slurm).start()
@@ -290,6 +293,26 @@ class WorkflowPlan:
                    "and segment" if self.unpacked else "") + self.describe_sharing())
         if self.config["pack"]["fuse"] and self.packs:
             self.log.info(describe_fusion(self.runs, self.packs))
+
+    def check_local_gpus(self, count_gpus=visible_gpus, environ=os.environ) -> None:
+        """A local run (no --jobs: not profiles/slurm, and outside a Slurm job) whose runs ask
+        more GPUs per node than this machine has stop when their ranks start: say so now, one
+        line per run. Where no NVIDIA tool tells the count, nothing is said."""
+        if self.jobs_at_once or environ.get("SLURM_JOB_ID"):
+            return
+        wanted = {name: run.strategy_class.gpus_per_node(run.config)
+                  for name, run in self.runs.items() if run.strategy_class.launched}
+        if not any(n > 1 for n in wanted.values()):
+            return
+        count = count_gpus()
+        if count is None:
+            return
+        for name, gpus in wanted.items():
+            if gpus > count:
+                line = too_few_gpus(self.runs[name].strategy, gpus, count)
+                self.log.warning(f"WARNING: run {name}: {line} (nvidia-smi -L; a local run "
+                                 "stops there, before NCCL starts; under profiles/slurm each "
+                                 "rank gets a GPU of its own)")
 
     def describe_sharing(self) -> str:
         """The pack line's part on MPS-shared packs (pack.per_gpu), empty without them."""
