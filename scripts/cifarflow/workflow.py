@@ -297,7 +297,7 @@ class WorkflowPlan:
     def check_local_gpus(self, count_gpus=visible_gpus, environ=os.environ) -> None:
         """A local run (no --jobs: not profiles/slurm, and outside a Slurm job) whose runs ask
         more GPUs per node than this machine has stop when their ranks start: say so now, one
-        line per run. Where no NVIDIA tool tells the count, nothing is said."""
+        line per strategy and count. Where no NVIDIA tool tells the count, nothing is said."""
         if self.jobs_at_once or environ.get("SLURM_JOB_ID"):
             return
         wanted = {name: run.strategy_class.gpus_per_node(run.config)
@@ -307,12 +307,16 @@ class WorkflowPlan:
         count = count_gpus()
         if count is None:
             return
+        alike: dict[str, list[str]] = {}  # one line per message: a sweep has many alike
         for name, gpus in wanted.items():
             if gpus > count:
-                line = too_few_gpus(self.runs[name].strategy, gpus, count)
-                self.log.warning(f"WARNING: run {name}: {line} (nvidia-smi -L; a local run "
-                                 "stops there, before NCCL starts; under profiles/slurm each "
-                                 "rank gets a GPU of its own)")
+                alike.setdefault(too_few_gpus(self.runs[name].strategy, gpus, count),
+                                 []).append(name)
+        for line, names in alike.items():
+            more = f" (and {len(names) - 1} more alike)" if len(names) > 1 else ""
+            self.log.warning(f"WARNING: run {names[0]}{more}: {line} (nvidia-smi -L; a local "
+                             "run stops there, before NCCL starts; under profiles/slurm each "
+                             "rank gets a GPU of its own)")
 
     def describe_sharing(self) -> str:
         """The pack line's part on MPS-shared packs (pack.per_gpu), empty without them."""

@@ -35,6 +35,10 @@ def test_the_dry_run_of_a_local_run_says_it_when_nvidia_smi_counts_too_few(tmp_p
     assert plan.log.warnings == [
         f"WARNING: run ddp: {ONE_LINE} (nvidia-smi -L; a local run stops there, before NCCL "
         "starts; under profiles/slurm each rank gets a GPU of its own)"]  # not mps, not gpu
+    sweep = ddp_plan(tmp_path, bin_dir, sweep={"lr": [0.1, 0.2, 0.3]})
+    sweep.check_local_gpus(count_gpus=lambda: 1, environ={})
+    (line,) = sweep.log.warnings
+    assert line.startswith(f"WARNING: run ddp_lr0p1 (and 2 more alike): {ONE_LINE} (")
     for count, environ, jobs in ((4, {}, None), (None, {}, None),  # enough; no GPU tools
                                  (1, {"SLURM_JOB_ID": "7"}, None),  # srun binds GPUs
                                  (1, {}, 8)):  # --jobs: profiles/slurm submits
