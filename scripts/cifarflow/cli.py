@@ -97,7 +97,8 @@ def cmd_train_pack(a) -> None:
                       until_epoch=a.until_epoch, threads=a.threads, budget_min=a.budget_min,
                       mem_per_cpu=a.mem_per_cpu, gpus=a.gpus, slots=a.slots,
                       record=Path(a.record), stage=a.stage_data,
-                      fuse=a.fuse if a.fuse != "off" else None))
+                      fuse=a.fuse if a.fuse != "off" else None, per_gpu=a.per_gpu,
+                      in_step=a.in_step, again=[sys.executable, "-m", "cifarflow", *a.argv]))
 
 
 def cmd_train_fused(a) -> None:
@@ -198,6 +199,10 @@ def parser() -> argparse.ArgumentParser:
     k.add_argument("--stage-data", choices=["auto", "slurm_tmpdir", "none"], default="none")
     k.add_argument("--fuse", choices=["off", *FUSE_MODES], default="off",
                    help="train the members as one fused model in one process (pack.fuse)")
+    k.add_argument("--per-gpu", type=int, default=1, help="members sharing each GPU through "
+                   "one private MPS daemon (pack.per_gpu)")
+    k.add_argument("--in-step", action="store_true", help="inside the one Slurm step of an "
+                   "MPS-shared pack: start the daemon and the members here")
     k.set_defaults(func=cmd_train_pack)
 
     u = sub.add_parser("train-fused", help="train one segment of a fused pack's members in "
@@ -265,6 +270,7 @@ def main(argv=None) -> None:
     from .strategies.base import StrategyError
 
     args = parser().parse_args(argv)
+    args.argv = argv  # the command line, for a command that runs itself again (train-pack)
     user_errors = (DatasetError, CheckpointError, StrategyError, ValueError)
     try:
         if args.command == "train":

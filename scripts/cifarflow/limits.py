@@ -15,6 +15,7 @@ import re
 import os
 
 from . import slurm
+from .plan import mps_gpus
 
 
 def slurm_minutes(text: str) -> float | None:
@@ -214,6 +215,10 @@ def check_fit(shapes: dict[str, dict], partition: str, partitions: dict | None) 
         ways = []
         if shape.get("pack") and most:
             ways.append(f"pack.runs_per_job: {most}")
+        node_gpus = max((n["gpus"] for n in part["nodes"]), default=0)
+        if shape.get("per_gpu") and node_gpus and not most:
+            ways.append(f"pack.runs_per_job: {node_gpus * shape['per_gpu']} ({node_gpus} "
+                        f"GPU(s) of a node x pack.per_gpu {shape['per_gpu']})")
         if shape["cpus_per_task"] > 1:
             ways.append("fewer resources.cpus_per_task")
         ways.append(f"slurm.partition: {fits[0]} (it fits there)" if fits else
@@ -237,9 +242,14 @@ def job_shapes(runs: dict, packs: dict) -> dict[str, dict]:
                            else (len(pack.members), int(res["mem_mb"])))
         shape = {"tasks": tasks, "cpus_per_task": cpus, "pack": not pack.fuse,
                  "mem_per_cpu": -(-task_mem // cpus)}
-        if gpus:
+        label = f"pack {pack.name} ({len(pack.members)} runs)"
+        if gpus and pack.kind == "mps":  # one GPU per per_gpu members, all on one node
+            shape.update(nodes=1, gpus_per_node=mps_gpus(len(pack.members), pack.per_gpu),
+                         per_gpu=pack.per_gpu)
+            label = f"pack {pack.name} ({len(pack.members)} runs, {pack.per_gpu} per GPU)"
+        elif gpus:
             shape.update(nodes=1, gpus_per_task=gpus)  # a pack's GPUs on one node
-        shapes[f"pack {pack.name} ({len(pack.members)} runs)"] = shape
+        shapes[label] = shape
         packed.update(pack.members)
     for name, run in runs.items():
         if name in packed:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from .gpu_monitor import visible_gpus
 
 
 def mps_dirs(environ=os.environ) -> dict:
@@ -22,10 +25,25 @@ def mps_dirs(environ=os.environ) -> dict:
 def gpu_problem() -> str | None:
     if not shutil.which("nvidia-cuda-mps-control"):
         return "nvidia-cuda-mps-control not found (no NVIDIA driver on this node)"
-    smi = shutil.which("nvidia-smi")
-    if not smi or subprocess.run([smi, "-L"], capture_output=True).returncode != 0:
+    if not visible_gpus():
         return "nvidia-smi sees no GPU"
     return None
+
+
+@contextlib.contextmanager
+def private_daemon(dirs: dict):
+    """A private MPS control daemon (its pipe and log directories ``dirs``) while the block
+    runs, stopped even on failure; the block's CUDA processes need ``dirs`` in their
+    environment."""
+    env = {**os.environ, **dirs}
+    for d in dirs.values():
+        Path(d).mkdir(parents=True, exist_ok=True)
+    subprocess.run(["nvidia-cuda-mps-control", "-d"], env=env, check=True)
+    try:
+        yield env
+    finally:
+        subprocess.run(["nvidia-cuda-mps-control"], input=b"quit\n", env=env)
+        print("[mps] daemon stopped", flush=True)
 
 
 def run_with_mps(command: list[str], replicas: int, dry_run: bool = False) -> int:
@@ -35,7 +53,6 @@ def run_with_mps(command: list[str], replicas: int, dry_run: bool = False) -> in
         print("mps-run: no command given", file=sys.stderr)
         return 2
     dirs = mps_dirs()
-    env = {**os.environ, **dirs}
     print(f"[mps] {replicas} replicas on one GPU; " +
           " ".join(f"{k}={v}" for k, v in dirs.items()), flush=True)
     print("[mps] start: nvidia-cuda-mps-control -d", flush=True)
@@ -48,11 +65,5 @@ def run_with_mps(command: list[str], replicas: int, dry_run: bool = False) -> in
         print(f"mps: needs an NVIDIA GPU with MPS, but {problem}; run it on a GPU node "
               "(profiles/slurm requests one) or use the cpu/ddp strategies", file=sys.stderr)
         return 2
-    for d in dirs.values():
-        Path(d).mkdir(parents=True, exist_ok=True)
-    subprocess.run(["nvidia-cuda-mps-control", "-d"], env=env, check=True)
-    try:
+    with private_daemon(dirs) as env:
         return subprocess.run(command, env=env).returncode
-    finally:
-        subprocess.run(["nvidia-cuda-mps-control"], input=b"quit\n", env=env)
-        print("[mps] daemon stopped", flush=True)

@@ -13,6 +13,13 @@ A fused pack (``pack.fuse``) trains its members in ONE process as one fused mode
 (engine/fused.py): one step of the allocation (cpus_per_task cores, one GPU) runs
 ``cifarflow train-fused``, which keeps each member's log, tries, checkpoint and exit status
 as above and reports them in a status file.
+
+An MPS-shared pack (``pack.per_gpu`` M) runs its members M at a time on each GPU under one
+private MPS daemon (mps_daemon.py). A Slurm step's GPUs are its own, so in a Slurm job the
+driver starts ONE step holding the node's GPUs and the members' cores (``srun --gres=gpu:G
+cifarflow train-pack ... --in-step``); there, and outside Slurm, it starts the daemon and
+the members as child processes, each pinned to its GPU (``CIFARFLOW_CUDA_DEVICE``), with its
+own log, try, checkpoint and exit status as above.
 """
 
 from __future__ import annotations
@@ -26,7 +33,11 @@ from pathlib import Path
 
 from .checkpoint import CheckpointError, atomic_write_text, read_manifest
 from .config import TrainConfig
+from .gpu_monitor import visible_gpus
 from .layout import RunPaths, attempt_logs_pattern, attempt_number, try_args
+from .mps_daemon import gpu_problem, mps_dirs, private_daemon
+from .plan import mps_gpus
+from .strategies.base import GPU_INDEX_ENV
 
 
 def member_argv(paths: RunPaths, k: int, data: str, until_epoch: int, threads: int,
@@ -81,17 +92,123 @@ def already_trained(paths: RunPaths, k: int, until_epoch: int) -> dict | None:
 def run_pack(pack: str, k: int, members: list[str], results: str, data: str,
              until_epoch: int, threads: int, budget_min: float, mem_per_cpu: int,
              gpus: int, slots: int, record: Path, stage: str = "none",
-             fuse: str | None = None) -> int:
+             fuse: str | None = None, per_gpu: int = 1, in_step: bool = False,
+             again: list[str] | None = None) -> int:
+    """Segment k of the pack's members. ``again`` is this command, to run inside the one
+    step of an MPS-shared pack (``per_gpu`` > 1), where ``in_step`` is set."""
     if fuse:
         return run_fused_pack(pack, k, members, results, data, until_epoch, threads,
                               budget_min, mem_per_cpu, gpus, record, stage, fuse)
     in_slurm = bool(os.environ.get("SLURM_JOB_ID"))
+    shared = None
+    if per_gpu > 1:
+        if in_slurm and not in_step:
+            return run_in_one_step(pack, k, members, threads, mem_per_cpu, per_gpu, again)
+        shared = share_gpus_here(pack, k, members, results, until_epoch, per_gpu, in_step)
+        if shared is None:
+            return 2
+        slots = len(members) if in_step else max(1, slots // max(1, threads))
+        with private_daemon(mps_dirs()) as env:
+            return train_members(pack, k, members, results, data, until_epoch, threads,
+                                 budget_min, mem_per_cpu, gpus, slots, record, stage,
+                                 steps=False, shared=shared, env=env)
     slots = len(members) if in_slurm else max(1, slots // max(1, threads))
+    return train_members(pack, k, members, results, data, until_epoch, threads, budget_min,
+                         mem_per_cpu, gpus, slots, record, stage, steps=in_slurm)
+
+
+class GpuSlots:
+    """Where an MPS-shared pack's members train: at most ``per_gpu`` at once on each of
+    ``gpus`` GPUs; a member takes the GPU with the fewest sharers (the lowest index first)
+    and gives it back when it ends."""
+
+    def __init__(self, gpus: int, per_gpu: int):
+        self.per_gpu, self.sharers = per_gpu, [0] * gpus
+
+    def free(self) -> bool:
+        return min(self.sharers) < self.per_gpu
+
+    def take(self) -> tuple[int, int]:
+        """(GPU index, this member's place among its sharers, 1-based)."""
+        gpu = self.sharers.index(min(self.sharers))
+        self.sharers[gpu] += 1
+        return gpu, self.sharers[gpu]
+
+    def give(self, gpu: int) -> None:
+        self.sharers[gpu] -= 1
+
+
+def run_in_one_step(pack: str, k: int, members: list[str], threads: int, mem_per_cpu: int,
+                    per_gpu: int, again: list[str]) -> int:
+    """An MPS-shared pack in a Slurm job: one step holding the node's GPUs (one per per_gpu
+    members) and every member's cores runs this driver again (``again``), which starts the
+    daemon and the members."""
+    step = one_step(again, pack, len(members), threads, mem_per_cpu, per_gpu)
+    print(f"[pack {pack}] segment {k}: {len(members)} member(s), {per_gpu} per GPU under "
+          f"MPS: one Slurm step holds the node's GPUs and starts them: {' '.join(step)}",
+          flush=True)
+    return subprocess.call(step)
+
+
+def one_step(again: list[str], pack: str, members: int, threads: int, mem_per_cpu: int,
+             per_gpu: int) -> list[str]:
+    """The MPS-shared pack's one step: its node's ceil(members / per_gpu) GPUs, every
+    member's cores and memory, running the driver again inside it."""
+    return slurm_step([*again, "--in-step"], pack, threads * members, mem_per_cpu,
+                      mps_gpus(members, per_gpu))
+
+
+def share_gpus_here(pack: str, k: int, members: list[str], results: str, until_epoch: int,
+                    per_gpu: int, in_step: bool) -> GpuSlots | None:
+    """The GPUs the members share here, after saying where each member of the first wave
+    trains; None, after one line saying why, where no GPU or no MPS is found."""
+    count = visible_gpus()
+    where = (f"step {os.environ.get('SLURM_JOB_ID')}.{os.environ.get('SLURM_STEP_ID', '?')} on "
+             if in_step else "") + os.uname().nodename
+    dirs = mps_dirs()
+    print(f"[pack {pack}] {where}: {count or 0} GPU(s) (CUDA_VISIBLE_DEVICES="
+          f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}), {per_gpu} member(s) per GPU "
+          f"under one private MPS daemon, CUDA_MPS_PIPE_DIRECTORY="
+          f"{dirs['CUDA_MPS_PIPE_DIRECTORY']}", flush=True)
+    problem = "no GPU is visible (nvidia-smi, CUDA_VISIBLE_DEVICES)" if not count else None
+    if count:
+        say_placement(pack, k, members, results, until_epoch, GpuSlots(count, per_gpu))
+        problem = gpu_problem()
+    if problem:
+        print(f"[pack {pack}] pack.per_gpu {per_gpu}: the members share GPUs through NVIDIA "
+              f"MPS, but {problem}: run on a GPU node (profiles/slurm asks for GPUs) or set "
+              "pack.per_gpu: 1", file=sys.stderr, flush=True)
+        return None
+    return GpuSlots(count, per_gpu)
+
+
+def say_placement(pack: str, k: int, members: list[str], results: str, until_epoch: int,
+                  slots: GpuSlots) -> None:
+    """Where the first wave of members trains, as train_members places it (fresh slots)."""
+    todo = [run for run in members if already_trained(RunPaths(results, run), k,
+                                                       until_epoch) is None]
+    wave: dict[int, list[str]] = {}
+    for run in todo:
+        if not slots.free():
+            break
+        wave.setdefault(slots.take()[0], []).append(run)
+    later = len(todo) - sum(map(len, wave.values()))
+    print(f"[pack {pack}] placement: " + "; ".join(
+        f"GPU {gpu}: {', '.join(runs)}" for gpu, runs in sorted(wave.items()))
+        + (f"; then {later} more as GPUs free" if later else ""), flush=True)
+
+
+def train_members(pack: str, k: int, members: list[str], results: str, data: str,
+                  until_epoch: int, threads: int, budget_min: float, mem_per_cpu: int,
+                  gpus: int, slots: int, record: Path, stage: str, steps: bool,
+                  shared: GpuSlots | None = None, env: dict | None = None) -> int:
+    """Each member as its own process (a Slurm step of its own where ``steps``), ``slots``
+    at once and, on GPUs ``shared`` through MPS, where ``shared`` has room."""
     print(f"[pack {pack}] segment {k}: {len(members)} member(s), "
-          f"{'one Slurm step each' if in_slurm else f'{slots} at a time'}", flush=True)
+          f"{'one Slurm step each' if steps else f'{slots} at a time'}", flush=True)
     report, waiting, running = {}, list(members), {}
     while waiting or running:
-        while waiting and len(running) < slots:
+        while waiting and len(running) < slots and (shared is None or shared.free()):
             run = waiting.pop(0)
             paths = RunPaths(results, run)
             manifest = already_trained(paths, k, until_epoch)
@@ -104,24 +221,34 @@ def run_pack(pack: str, k: int, members: list[str], results: str, data: str,
             attempt = next_attempt(paths, k)
             argv = member_argv(paths, k, data, until_epoch, threads, budget_min, attempt,
                                mem_per_cpu * threads, stage)
-            if in_slurm:
+            if steps:
                 argv = slurm_step(argv, run, threads, mem_per_cpu, gpus)
+            place, member_env, where = None, env, ""
+            if shared:  # its GPU, as one of its sharers, and its own cores
+                place = shared.take()
+                member_env = {**env, GPU_INDEX_ENV: str(place[0])}
+                if "SLURM_CPUS_PER_TASK" in member_env:  # the step's: all members' cores
+                    member_env["SLURM_CPUS_PER_TASK"] = str(threads)
+                where = f", GPU {place[0]}, sharer {place[1]} of {shared.per_gpu}"
             log = Path(paths.log(k))
             log.parent.mkdir(parents=True, exist_ok=True)
             attempt_log = Path(paths.attempt_log(k, attempt))
             with open(attempt_log, "w") as out:
-                proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+                proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
+                                        env=member_env)
             if log.is_symlink() or log.exists():
                 log.unlink()
             log.symlink_to(attempt_log.name)
-            running[run] = (proc, attempt, attempt_log)
-            print(f"[pack {pack}] {run}: started (attempt {attempt}, log {attempt_log})",
+            running[run] = (proc, attempt, attempt_log, place)
+            print(f"[pack {pack}] {run}: started (attempt {attempt}, log {attempt_log}{where})",
                   flush=True)
-        for run, (proc, attempt, attempt_log) in list(running.items()):
+        for run, (proc, attempt, attempt_log, place) in list(running.items()):
             code = proc.poll()
             if code is None:
                 continue
             del running[run]
+            if place:
+                shared.give(place[0])
             entry = {"trained": True, "exit": code, "attempt": attempt}
             if code == 0:
                 manifest = read_manifest(Path(RunPaths(results, run).segment(k)), verify=False)

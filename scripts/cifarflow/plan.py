@@ -61,6 +61,9 @@ class Pack:
     fuse: str = ""               # fused: one process trains all (auto, vmap, loop); "": not
 
 
+    per_gpu: int = 1             # members sharing one GPU through MPS (kind "mps")
+
+
 @dataclass
 class Run:
     name: str
@@ -198,6 +201,28 @@ def describe_fusion(runs: dict[str, Run], packs: dict[str, Pack]) -> str | None:
         line += (f"; {sum(len(p.members) for p in plain)} run(s) that cannot fuse (loader "
                  f"torchvision) in {len(plain)} plain pack(s)")
     return line
+
+
+def mps_gpus(members: int, per_gpu: int) -> int:
+    """GPUs of an MPS-shared pack: one per ``per_gpu`` members."""
+    return -(-members // per_gpu)
+
+
+def share_gpus(packs: dict[str, Pack], runs: dict[str, Run], per_gpu: int,
+               runs_per_job: int) -> dict[str, Pack]:
+    """pack.per_gpu: the packs of a one-GPU strategy (gpu) become MPS-shared packs (kind
+    "mps"), ``per_gpu`` members on each GPU; fused packs stay as they are."""
+    if per_gpu <= 1:
+        return packs
+    if runs_per_job <= 1:
+        raise ValueError(f"pack.per_gpu: {per_gpu} shares a GPU between the members of a pack: "
+                         "set pack.runs_per_job above 1")
+    for pack in packs.values():
+        first = runs[pack.members[0]]
+        if pack.kind == "steps" and not pack.fuse and \
+                first.strategy_class.gpus_per_node(first.config) == 1:
+            pack.kind, pack.per_gpu = "mps", per_gpu
+    return packs
 
 
 def build_runs(config: dict) -> dict[str, Run]:

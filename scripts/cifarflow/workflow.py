@@ -26,13 +26,15 @@ from .chain import Chain
 from .job_env import prologue
 from .layout import RunPaths, pack_marker, segment_number, try_args
 from .config import data_identity
+from .gpu_monitor import visible_gpus
 from .limits import check_fit, check_plan, job_shapes, read_limits, read_partitions
 from .pending import PendingWatch
 from .plan import (Pack, Run, build_packs, build_runs, check_user_models, describe_fusion,
-                   fuse_mode)
+                   fuse_mode, mps_gpus, share_gpus)
 from .progress import watch_progress
 from .strategies import get_strategy
 from .strategies.base import gpu_request
+from .strategies.ddp import too_few_gpus
 from .tries import INVOCATION, out_of_memory_count
 
 
@@ -163,7 +165,26 @@ class StepPack:
         return res
 
 
-PACK_KINDS = {"steps": StepPack()}
+class MpsPack(StepPack):
+    """A GPU pack whose members share each GPU (pack.per_gpu M, pack.py): the members' cores
+    and memory as in StepPack, but G = ceil(members / M) GPUs, and ONE Slurm step holding the
+    node's G GPUs (a step's GPU is its own) starts them under one private MPS daemon, M on
+    each GPU."""
+
+    def args(self, plan: "WorkflowPlan", wildcards) -> str:
+        return f"--per-gpu={plan.packs[wildcards.pack].per_gpu} " + super().args(plan, wildcards)
+
+    def resources(self, plan: "WorkflowPlan", strategy: str) -> dict:
+        model = plan.config["resources"]["gpu_model"]
+
+        def gres(wildcards):
+            gpus = mps_gpus(len(plan.pack_members(wildcards)), plan.packs[wildcards.pack].per_gpu)
+            return gpu_request(model, gpus)["gres"]
+
+        return {**super().resources(plan, strategy), "gres": gres}
+
+
+PACK_KINDS = {"steps": StepPack(), "mps": MpsPack()}
 
 
 class WorkflowPlan:
@@ -212,7 +233,12 @@ class WorkflowPlan:
             runs = build_runs(config)
         except ValueError as exc:
             raise error(f"config error: {exc}")
-        packs = build_packs(runs, config["pack"]["runs_per_job"], fuse_mode(config["pack"]["fuse"]))
+        per_job, per_gpu = config["pack"]["runs_per_job"], config["pack"]["per_gpu"]
+        try:
+            packs = share_gpus(build_packs(runs, per_job, fuse_mode(config["pack"]["fuse"])),
+                               runs, per_gpu, per_job)
+        except ValueError as exc:
+            raise error(f"config error: {exc}")
         return cls(config, basedir, runs, packs, **kw)
 
     # ---- once, in the main process ------------------------------------------------------
@@ -235,6 +261,7 @@ class WorkflowPlan:
         self.write_specs()
         self.announce()
         self.check_against_cluster()
+        self.check_local_gpus(environ=environ)
         self.pending_watch = PendingWatch(workdir, self.log.warning,
                                           self.config["slurm"]["pending_check_s"],
                                           active=on_slurm).start()
@@ -263,9 +290,44 @@ class WorkflowPlan:
                 f"{', '.join(self.packed) or 'no strategy'} in {len(self.packs)} packs of up to "
                 f"{per_job}, one job per pack and segment"
                 + (f"; {', '.join(self.unpacked)} (several processes per run): one job per run "
-                   "and segment" if self.unpacked else ""))
+                   "and segment" if self.unpacked else "") + self.describe_sharing())
         if self.config["pack"]["fuse"] and self.packs:
             self.log.info(describe_fusion(self.runs, self.packs))
+
+    def check_local_gpus(self, count_gpus=visible_gpus, environ=os.environ) -> None:
+        """A local run (no --jobs: not profiles/slurm, and outside a Slurm job) whose runs ask
+        more GPUs per node than this machine has stop when their ranks start: say so now, one
+        line per strategy and count. Where no NVIDIA tool tells the count, nothing is said."""
+        if self.jobs_at_once or environ.get("SLURM_JOB_ID"):
+            return
+        wanted = {name: run.strategy_class.gpus_per_node(run.config)
+                  for name, run in self.runs.items() if run.strategy_class.launched}
+        if not any(n > 1 for n in wanted.values()):
+            return
+        count = count_gpus()
+        if count is None:
+            return
+        alike: dict[str, list[str]] = {}  # one line per message: a sweep has many alike
+        for name, gpus in wanted.items():
+            if gpus > count:
+                alike.setdefault(too_few_gpus(self.runs[name].strategy, gpus, count),
+                                 []).append(name)
+        for line, names in alike.items():
+            more = f" (and {len(names) - 1} more alike)" if len(names) > 1 else ""
+            self.log.warning(f"WARNING: run {names[0]}{more}: {line} (nvidia-smi -L; a local "
+                             "run stops there, before NCCL starts; under profiles/slurm each "
+                             "rank gets a GPU of its own)")
+
+    def describe_sharing(self) -> str:
+        """The pack line's part on MPS-shared packs (pack.per_gpu), empty without them."""
+        shared = [p for p in self.packs.values() if p.kind == "mps"]
+        if not shared:
+            return ""
+        per_gpu, largest = shared[0].per_gpu, max(len(p.members) for p in shared)
+        return (f"; {len(shared)} GPU pack(s) share each GPU between {per_gpu} members through "
+                f"one private MPS daemon per node (a pack of {largest} asks gres=gpu:"
+                f"{mps_gpus(largest, per_gpu)}; one Slurm step holds the node's GPUs and "
+                "starts the members)")
 
     def check_against_cluster(self, limits_of=read_limits, partitions_of=read_partitions) -> None:
         """`snakemake -n` says what the plan submits and, where Slurm tells, whether it fits;

@@ -260,14 +260,15 @@ def test_gpu_sampler_averages_what_it_read_during_the_epoch():
     since the previous one; the background thread keeps sampling until stopped."""
     from cifarflow.gpu_monitor import GpuSampler
 
-    readings = iter([(90.0, 1000.0), (30.0, 1500.0), (60.0, 1200.0), (10.0, 800.0)])
+    readings = iter([(90.0, 1000.0), (30.0, 1500.0), (60.0, 1200.0), (20.0, 800.0),
+                     (10.0, 700.0)])
     sampler = GpuSampler(lambda: next(readings))
     for _ in range(3):
         sampler.sample()
-    assert sampler.take() == {"gpu_util_pct": 60.0, "gpu_mem_mb": 1500.0, "gpu_samples": 3}
-    sampler.sample()
-    assert sampler.take() == {"gpu_util_pct": 10.0, "gpu_mem_mb": 800.0, "gpu_samples": 1}
-    assert sampler.take()["gpu_util_pct"] is None  # nothing read: unknown, not 0
+    # the three read while the epoch trained, and one that take() reads at its end
+    assert sampler.take() == {"gpu_util_pct": 50.0, "gpu_mem_mb": 1500.0, "gpu_samples": 4}
+    assert sampler.take() == {"gpu_util_pct": 10.0, "gpu_mem_mb": 700.0, "gpu_samples": 1}
+    assert sampler.take()["gpu_util_pct"] is None  # nothing could be read: unknown, not 0
 
     ticks = []
     live = GpuSampler(lambda: ticks.append(1) or (50.0, 100.0), interval_s=0.01).start()

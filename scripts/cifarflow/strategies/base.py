@@ -22,6 +22,8 @@ import os
 from typing import ClassVar
 
 STRATEGIES: dict[str, type["Strategy"]] = {}
+# the GPU index of a one-process run whose GPUs are shared (an MPS-shared pack's member)
+GPU_INDEX_ENV = "CIFARFLOW_CUDA_DEVICE"
 
 
 class StrategyError(RuntimeError):
@@ -172,6 +174,8 @@ class Strategy:
         if self.uses_cuda():
             require_cuda(self.name)
             apply_cuda_switches(self.cfg)
+            if os.environ.get(GPU_INDEX_ENV):  # its place in an MPS-shared pack
+                torch.cuda.set_device(int(os.environ[GPU_INDEX_ENV]))
             self.device = f"cuda:{torch.cuda.current_device()}"
 
     def train(self, segment) -> dict:

@@ -29,11 +29,23 @@ class DistEnv:
     launcher: str
 
 
-def gpu_index(local_rank: int, local_world_size: int, visible: int) -> int:
+def too_few_gpus(strategy: str, ranks: int, gpus: int) -> str:
+    """The one line for more ranks on a machine than GPUs, outside Slurm (torchrun)."""
+    return (f"{strategy}: {ranks} ranks on this machine need a GPU each, but {gpus} GPU(s) "
+            "visible: NCCL cannot put two ranks on one GPU; use strategy mps for replicas "
+            f"sharing one GPU (NVIDIA MPS), or set distributed.world_size to at most {gpus}")
+
+
+def gpu_index(local_rank: int, local_world_size: int, visible: int, slurm: bool = True,
+              strategy: str = "ddp") -> int:
     """This rank's GPU: its local rank when the task sees all of the node's GPUs, 0 when
-    Slurm bound one GPU to each task (--gpu-bind, --gpus-per-task)."""
+    Slurm bound one GPU to each task (--gpu-bind, --gpus-per-task). Outside Slurm
+    (``slurm`` False: torchrun) every rank sees the machine's GPUs, and too few is an error
+    before NCCL starts (else NCCL's "Duplicate GPU detected")."""
     if visible >= local_world_size:
         return local_rank
+    if not slurm:
+        raise StrategyError(too_few_gpus(strategy, local_world_size, visible))
     if visible == 1:
         return 0
     raise StrategyError(f"{local_world_size} processes on this node but {visible} GPUs visible "
@@ -117,7 +129,8 @@ class DDPStrategy(MultiProcessStrategy):
 
         if not self.uses_cuda():
             return "cpu"
-        index = (gpu_index(env.local_rank, env.local_world_size, torch.cuda.device_count())
+        index = (gpu_index(env.local_rank, env.local_world_size, torch.cuda.device_count(),
+                           slurm=env.launcher == "srun", strategy=self.name)
                  if self.gpu_per_rank else 0)
         apply_cuda_switches(self.cfg)
         torch.cuda.set_device(index)
