@@ -230,15 +230,10 @@ def train_members(pack: str, k: int, members: list[str], results: str, data: str
                 if "SLURM_CPUS_PER_TASK" in member_env:  # the step's: all members' cores
                     member_env["SLURM_CPUS_PER_TASK"] = str(threads)
                 where = f", GPU {place[0]}, sharer {place[1]} of {shared.per_gpu}"
-            log = Path(paths.log(k))
-            log.parent.mkdir(parents=True, exist_ok=True)
             attempt_log = Path(paths.attempt_log(k, attempt))
-            with open(attempt_log, "w") as out:
+            with open_member_log(paths, k, attempt) as out:
                 proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
                                         env=member_env)
-            if log.is_symlink() or log.exists():
-                log.unlink()
-            log.symlink_to(attempt_log.name)
             running[run] = (proc, attempt, attempt_log, place)
             print(f"[pack {pack}] {run}: started (attempt {attempt}, log {attempt_log}{where})",
                   flush=True)
@@ -336,7 +331,7 @@ def train_fused_members(pack: str, k: int, members: list[str], results: str, dat
         attempt = next_attempt(paths, k)
         log = open_member_log(paths, k, attempt)
         logs.append(log)
-        say = (lambda stream: lambda line: (stream.write(line + "\n"), stream.flush()))(log)
+        say = line_writer(log)
         run_dir = Path(paths.root)
         refused = tries.refusal(run_dir, k, attempt)
         if refused:
@@ -390,12 +385,19 @@ def train_fused_members(pack: str, k: int, members: list[str], results: str, dat
 
 
 def open_member_log(paths: RunPaths, k: int, attempt: int):
-    """The member's log of this try, and segment-<k>.log pointing at it."""
-    log = Path(paths.log(k))
+    """The member's log of this try (open for writing), and segment-<k>.log pointing at it."""
+    log, attempt_log = Path(paths.log(k)), Path(paths.attempt_log(k, attempt))
     log.parent.mkdir(parents=True, exist_ok=True)
-    attempt_log = log.with_name(f"{log.stem}.attempt{attempt}.log")
     stream = open(attempt_log, "w")
     if log.is_symlink() or log.exists():
         log.unlink()
     log.symlink_to(attempt_log.name)
     return stream
+
+
+def line_writer(stream):
+    """say(line): one line into the stream, flushed."""
+    def say(line: str) -> None:
+        stream.write(line + "\n")
+        stream.flush()
+    return say

@@ -28,7 +28,6 @@ from __future__ import annotations
 import copy
 import math
 import time
-from contextlib import nullcontext
 
 import torch
 import torch.nn.functional as F
@@ -296,7 +295,7 @@ class FusedGroup:
         self.strategy = members[0].strategy
 
     def autocast(self):
-        return self.strategy.autocast() if self.strategy else nullcontext()
+        return self.strategy.autocast()
 
     def train_step(self, x, y):
         """Mean loss (K,) and hits (K,) of each member's batch; one backward, one step."""
