@@ -258,8 +258,9 @@ class Segment:
         if self.report.board and (log_now or p.step >= self.steps):
             self.report.batch_loss(loss.item(), self.global_step())
 
-    def _decide(self, next_step_s: float) -> str | None:
-        reason, save = self.stop.decide(next_step_s, may_save=self.work_dir is not None)
+    def _decide(self, next_step_s: float, settle: bool = False) -> str | None:
+        reason, save = self.stop.decide(next_step_s, may_save=self.work_dir is not None,
+                                        settle=settle)
         if reason or save:
             self.meter.fold(self.progress)
         if save:
@@ -293,7 +294,7 @@ class Segment:
         if self.progress.epoch >= self.until_epoch:
             return None
         self.start_epoch()
-        return self._decide(rec["wall_s"] / max(1, self.steps) + self.save_s)
+        return self._decide(rec["wall_s"] / max(1, self.steps) + self.save_s, settle=True)
 
     def close_epoch(self, evaluate) -> dict:
         """The finished epoch's record (sums reduced over ranks, ``evaluate()`` the test
@@ -327,6 +328,8 @@ class Segment:
 
     def finish(self, reason: str | None) -> dict:
         p = self.progress
+        if self.stop:  # flags of the last batch still in flight: the segment ends here
+            self.stop.settle()
         if reason == EARLY_STOP:
             reason = None  # the run is done: its segment completed
         self.report.close()

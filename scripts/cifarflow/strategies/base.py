@@ -221,10 +221,16 @@ class Strategy:
 
     def all_reduce(self, tensor, op: str = "sum"):
         if self.world_size > 1:
-            import torch.distributed as dist
-
-            dist.all_reduce(tensor, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op])
+            self.all_reduce_start(tensor, op).wait()
         return tensor
+
+    def all_reduce_start(self, tensor, op: str = "sum"):
+        """Start an all-reduce of ``tensor`` in place (several ranks); its Work's ``wait()``
+        ends it: on NCCL, the current CUDA stream waits, the host does not."""
+        import torch.distributed as dist
+
+        return dist.all_reduce(tensor, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op],
+                               async_op=True)
 
     def gather_objects(self, obj) -> list:
         """``obj`` of every rank, in rank order (a small picklable value)."""
