@@ -15,7 +15,6 @@ import re
 import os
 
 from . import slurm
-from .plan import mps_gpus
 
 
 def slurm_minutes(text: str) -> float | None:
@@ -227,39 +226,3 @@ def check_fit(shapes: dict[str, dict], partition: str, partitions: dict | None) 
                       f"ever give one job {most} such task(s) ({describe_partition(part)}): it "
                       f"would wait forever; set {', or '.join(ways)}")
     return errors
-
-
-def job_shapes(runs: dict, packs: dict) -> dict[str, dict]:
-    """The request of every segment job of the plan (a pack's first segment, with all its
-    members), as check_fit reads it."""
-    shapes, packed = {}, set()
-    for pack in packs.values():
-        res = pack.member_resources
-        cpus = int(res["cpus_per_task"])
-        gpus = runs[pack.members[0]].strategy_class.gpus_per_node(runs[pack.members[0]].config)
-        # a task per member; a fused pack's one task holds them all
-        tasks, task_mem = ((1, int(res["mem_mb"]) * len(pack.members)) if pack.fuse
-                           else (len(pack.members), int(res["mem_mb"])))
-        shape = {"tasks": tasks, "cpus_per_task": cpus, "pack": not pack.fuse,
-                 "mem_per_cpu": -(-task_mem // cpus)}
-        label = f"pack {pack.name} ({len(pack.members)} runs)"
-        if gpus and pack.kind == "mps":  # one GPU per per_gpu members, all on one node
-            shape.update(nodes=1, gpus_per_node=mps_gpus(len(pack.members), pack.per_gpu),
-                         per_gpu=pack.per_gpu)
-            label = f"pack {pack.name} ({len(pack.members)} runs, {pack.per_gpu} per GPU)"
-        elif gpus:
-            shape.update(nodes=1, gpus_per_task=gpus)  # a pack's GPUs on one node
-        shapes[label] = shape
-        packed.update(pack.members)
-    for name, run in runs.items():
-        if name in packed:
-            continue
-        res, nodes = run.resources, run.resources.get("nodes")
-        tasks = int(res.get("tasks") or int(res.get("tasks_per_node", 1)) * (nodes or 1))
-        shape = {"tasks": tasks, "cpus_per_task": int(res["cpus_per_task"]),
-                 "mem_mb_per_node": int(res["mem_mb"]),
-                 "gpus_per_node": run.strategy_class.gpus_per_node(run.config)}
-        if nodes:
-            shape.update(nodes=int(nodes), tasks_per_node=tasks // int(nodes))
-        shapes[f"run {name}"] = shape
-    return shapes

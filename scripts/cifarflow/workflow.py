@@ -27,7 +27,7 @@ from .job_env import prologue
 from .layout import RunPaths, pack_marker, segment_number, try_args
 from .config import data_identity
 from .gpu_monitor import visible_gpus
-from .limits import check_fit, check_plan, job_shapes, read_limits, read_partitions
+from .limits import check_fit, check_plan, read_limits, read_partitions
 from .pending import PendingWatch
 from .plan import (Pack, Run, build_packs, build_runs, check_user_models, describe_fusion,
                    fuse_mode, mps_gpus, share_gpus)
@@ -122,9 +122,37 @@ class StepPack:
         return shlex.join(args + ["--members", *plan.pack_members(wildcards)])
 
     @staticmethod
-    def tasks(plan: "WorkflowPlan", wildcards) -> int:
+    def task_count(pack: Pack, members: int) -> int:
         """One per member it trains; one for a fused pack."""
-        return 1 if plan.packs[wildcards.pack].fuse else len(plan.pack_members(wildcards))
+        return 1 if pack.fuse else members
+
+    @staticmethod
+    def task_mem_mb(pack: Pack, members: int, member_mem_mb: int) -> int:
+        """A member's memory; a fused pack's one task holds every member's."""
+        return member_mem_mb * (members if pack.fuse else 1)
+
+    def gpus(self, pack: Pack, members: int) -> int:
+        """GPUs of a GPU pack's job, all on one node: one a task."""
+        return self.task_count(pack, members)
+
+    def tasks(self, plan: "WorkflowPlan", wildcards) -> int:
+        return self.task_count(plan.packs[wildcards.pack], len(plan.pack_members(wildcards)))
+
+    def shape(self, pack: Pack, runs: dict[str, Run]) -> tuple[str, dict]:
+        """What the pack's first segment asks (all its members), as limits.check_fit reads
+        it, from the same counts as ``resources``."""
+        res, members = pack.member_resources, len(pack.members)
+        cpus = int(res["cpus_per_task"])
+        shape = {"tasks": self.task_count(pack, members), "cpus_per_task": cpus,
+                 "pack": not pack.fuse,
+                 "mem_per_cpu": mem_per_cpu(self.task_mem_mb(pack, members, res["mem_mb"]), cpus)}
+        if self.on_gpu(runs[pack.members[0]]):
+            shape.update(nodes=1, gpus_per_task=1)
+        return f"pack {pack.name} ({members} runs)", shape
+
+    @staticmethod
+    def on_gpu(run: Run) -> bool:
+        return run.strategy_class.gpus_per_node(run.config) > 0
 
     def threads(self, plan: "WorkflowPlan", wildcards) -> int:
         """Cores the local scheduler reserves: the members' together (a fused pack's one)."""
@@ -143,10 +171,8 @@ class StepPack:
             return self.tasks(plan, wildcards)
 
         def task_mem_mb(wildcards, attempt):
-            """A member's memory; a fused pack's one task holds every member's."""
-            fused = plan.packs[wildcards.pack].fuse
-            members = len(plan.pack_members(wildcards)) if fused else 1
-            return plan.pack_request(wildcards, attempt).mem_mb * members
+            return self.task_mem_mb(plan.packs[wildcards.pack], len(plan.pack_members(wildcards)),
+                                    plan.pack_request(wildcards, attempt).mem_mb)
 
         res = {
             "tasks": tasks,
@@ -159,7 +185,8 @@ class StepPack:
         }
         if get_strategy(strategy).device_kind == "cuda":
             model = plan.config["resources"]["gpu_model"]
-            res["gres"] = lambda wildcards: gpu_request(model, tasks(wildcards))["gres"]
+            res["gres"] = lambda wildcards: gpu_request(model, self.gpus(
+                plan.packs[wildcards.pack], len(plan.pack_members(wildcards))))["gres"]
             res["tasks_per_gpu"] = 0
             res["nodes"] = 1  # a pack's GPUs on one node
         return res
@@ -174,17 +201,40 @@ class MpsPack(StepPack):
     def args(self, plan: "WorkflowPlan", wildcards) -> str:
         return f"--per-gpu={plan.packs[wildcards.pack].per_gpu} " + super().args(plan, wildcards)
 
-    def resources(self, plan: "WorkflowPlan", strategy: str) -> dict:
-        model = plan.config["resources"]["gpu_model"]
+    def gpus(self, pack: Pack, members: int) -> int:
+        """One per ``per_gpu`` members."""
+        return mps_gpus(members, pack.per_gpu)
 
-        def gres(wildcards):
-            gpus = mps_gpus(len(plan.pack_members(wildcards)), plan.packs[wildcards.pack].per_gpu)
-            return gpu_request(model, gpus)["gres"]
-
-        return {**super().resources(plan, strategy), "gres": gres}
+    def shape(self, pack: Pack, runs: dict[str, Run]) -> tuple[str, dict]:
+        _, shape = super().shape(pack, runs)
+        shape.pop("gpus_per_task", None)  # all on one node: G GPUs for its M-per-GPU tasks
+        shape.update(gpus_per_node=self.gpus(pack, len(pack.members)), per_gpu=pack.per_gpu)
+        return f"pack {pack.name} ({len(pack.members)} runs, {pack.per_gpu} per GPU)", shape
 
 
 PACK_KINDS = {"steps": StepPack(), "mps": MpsPack()}
+
+
+def job_shapes(runs: dict[str, Run], packs: dict[str, Pack]) -> dict[str, dict]:
+    """The request of every segment job of the plan (a pack's first segment, with all its
+    members), as limits.check_fit reads it."""
+    shapes, packed = {}, set()
+    for pack in packs.values():
+        label, shapes_of_pack = PACK_KINDS[pack.kind].shape(pack, runs)
+        shapes[label] = shapes_of_pack
+        packed.update(pack.members)
+    for name, run in runs.items():
+        if name in packed:
+            continue
+        res, nodes = run.resources, run.resources.get("nodes")
+        tasks = int(res.get("tasks") or int(res.get("tasks_per_node", 1)) * (nodes or 1))
+        shape = {"tasks": tasks, "cpus_per_task": int(res["cpus_per_task"]),
+                 "mem_mb_per_node": int(res["mem_mb"]),
+                 "gpus_per_node": run.strategy_class.gpus_per_node(run.config)}
+        if nodes:
+            shape.update(nodes=int(nodes), tasks_per_node=tasks // int(nodes))
+        shapes[f"run {name}"] = shape
+    return shapes
 
 
 class WorkflowPlan:

@@ -10,10 +10,10 @@ import pytest
 from cifarflow.cli import parser
 from cifarflow.config import with_defaults
 from cifarflow.gpu_monitor import visible_gpus
-from cifarflow.limits import check_fit, job_shapes
+from cifarflow.limits import check_fit
 from cifarflow.pack import GpuSlots, one_step, run_pack
 from cifarflow.plan import build_packs, build_runs, share_gpus
-from cifarflow.workflow import PlanError
+from cifarflow.workflow import PlanError, job_shapes
 from test_fit import partitions
 from test_workflow_plan import bin_dir, make_plan, resources, wildcards  # noqa: F401
 
@@ -172,3 +172,22 @@ def test_the_driver_without_a_gpu_says_so(tmp_path, monkeypatch, capfd):
     assert run_shared(tmp_path, ["gpu_a", "gpu_b"], "", monkeypatch) == 2
     err = capfd.readouterr().err
     assert "but no GPU is visible (nvidia-smi, CUDA_VISIBLE_DEVICES): run on a GPU node" in err
+
+
+@pytest.mark.parametrize("pack", [{"runs_per_job": 4, "per_gpu": 2},  # mps: 2 GPUs
+                                  {"runs_per_job": 4},                 # steps: a GPU a task
+                                  {"runs_per_job": 4, "fuse": True}])  # one task, one GPU
+def test_the_fit_check_sees_what_the_pack_job_asks(tmp_path, bin_dir, pack):
+    """The fit check's shape of a pack and the rule's resources come from the same counts
+    of its pack kind (workflow.PACK_KINDS): tasks, memory per core and GPUs agree."""
+    plan = shared_plan(tmp_path, bin_dir, strategies=["gpu"], pack=pack)
+    res = plan.pack_resources("gpu")
+    for name, p in plan.packs.items():
+        w = wildcards(pack=name, segment=1)
+        (shape,) = [s for label, s in job_shapes(plan.runs, {name: p}).items()
+                    if label.startswith(f"pack {name} ")]
+        asked_gpus = int(res["gres"](w).rsplit(":", 1)[1])
+        shaped_gpus = shape.get("gpus_per_node") or shape["tasks"] * shape["gpus_per_task"]
+        assert (shape["tasks"], shape["cpus_per_task"], shape["mem_per_cpu"], shaped_gpus) == \
+            (res["tasks"](w), res["cpus_per_task"](w), res["mem_mb_per_cpu"](w, None, 1),
+             asked_gpus), (name, shape)
