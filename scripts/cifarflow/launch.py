@@ -32,18 +32,33 @@ def launch_argv(nproc: int, command: list[str], nodes: int = 1, cpus_per_task: i
             f"--nproc-per-node={nproc}", "--no-python", *command]
 
 
+def world_of(command: list[str]) -> tuple[int, int]:
+    """(processes, nodes) of the run whose spec.json the command trains (its ``--spec``):
+    read when the segment starts, so the rule's command line is the same whatever the world
+    size, and a change of it under segments.elastic leaves the finished segments standing."""
+    import json
+
+    spec = next((arg.split("=", 1)[1] if "=" in arg else command[i + 1]
+                 for i, arg in enumerate(command) if arg.split("=")[0] == "--spec"), None)
+    if spec is None:
+        raise SystemExit("launch: give --nproc, or a command with --spec (a run's spec.json)")
+    cfg = json.loads(open(spec).read())
+    return int(cfg["world_size"]), int(cfg["nodes"])
+
+
 def main(argv=None) -> None:
     import argparse
 
     p = argparse.ArgumentParser(prog="cifarflow launch")
-    p.add_argument("--nproc", type=int, required=True)
+    p.add_argument("--nproc", type=int, help="processes (default: the command's --spec says)")
     p.add_argument("--nodes", type=int, default=1)
     p.add_argument("--cpus-per-task", type=int, default=1)
     p.add_argument("--self-spawning", action="store_true")
     p.add_argument("command", nargs=argparse.REMAINDER)
     a = p.parse_args(argv)
     command = a.command[1:] if a.command[:1] == ["--"] else a.command
-    argv = launch_argv(a.nproc, command, a.nodes, a.cpus_per_task, a.self_spawning)
+    nproc, nodes = (a.nproc, a.nodes) if a.nproc else world_of(command)
+    argv = launch_argv(nproc, command, nodes, a.cpus_per_task, a.self_spawning)
     print(f"[launch] {shlex.join(argv)}", flush=True)
     os.execvp(argv[0], argv)
 

@@ -214,6 +214,9 @@ class MpsPack(StepPack):
 
 PACK_KINDS = {"steps": StepPack(), "mps": MpsPack()}
 
+# what a run's spec may change while its finished segments stand (segments.elastic)
+ELASTIC_FIELDS = {"world_size", "nodes"}
+
 
 def job_shapes(runs: dict[str, Run], packs: dict[str, Pack]) -> dict[str, dict]:
     """The request of every segment job of the plan (a pack's first segment, with all its
@@ -321,9 +324,27 @@ class WorkflowPlan:
     def write_specs(self) -> None:
         """The run's typed config, handed to every segment as one file (spec.json), written
         where Snakemake plans, and only when it changed: its time stamp says when the run's
-        config last changed (a job per run would cost one Snakemake start each)."""
+        config last changed (a job per run would cost one Snakemake start each), so the
+        finished segments are trained again. But a new world size under segments.elastic
+        keeps the time stamp: the finished segments stand and the next resumes from them."""
         for run in self.runs.values():
-            run.config.write(RunPaths(self.results, run.name).spec, only_if_changed=True)
+            spec = Path(RunPaths(self.results, run.name).spec)
+            before = json.loads(spec.read_text()) if spec.is_file() else None
+            stamp = spec.stat() if before else None
+            run.config.write(spec, only_if_changed=True)
+            now = run.config.to_dict()
+            if not before or before.get("world_size") == now["world_size"]:
+                continue
+            changed = {key for key in now if before.get(key) != now[key]}
+            resize = f"run {run.name}: world size {before['world_size']} -> {now['world_size']}"
+            if run.config.elastic and changed <= ELASTIC_FIELDS:
+                os.utime(spec, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+                self.log.info(f"{resize} (segments.elastic): its finished segments stand, the "
+                              "next resumes from them at an epoch boundary")
+            else:
+                self.log.info(f"{resize}: the run is trained again from its first segment"
+                              + ("" if run.config.elastic else
+                                 " (segments.elastic: true would go on from the finished ones)"))
 
     def announce(self) -> None:
         """The log lines of pruning and packing."""

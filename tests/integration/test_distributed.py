@@ -9,7 +9,7 @@ import torch
 from conftest import (ENV, PY, ROOT, assert_bit_identical, cli, metrics_of, same_metrics, spec,
                       state_of, train)
 from cifarflow import checkpoint as ckpt
-from cifarflow.launch import launch_argv
+from cifarflow.launch import launch_argv, world_of
 from cifarflow.strategies.base import StrategyError
 from cifarflow.strategies.base import apply_cuda_switches
 from cifarflow.strategies.ddp import (dist_env, first_host, gpu_index, port_for_job,
@@ -218,6 +218,16 @@ def test_launcher_uses_srun_inside_slurm_and_torchrun_outside():
     assert launch_argv(2, cmd, self_spawning=True, environ={}) == cmd
     with pytest.raises(SystemExit, match="has 4 tasks but the run needs 2"):
         launch_argv(2, cmd, environ={"SLURM_JOB_ID": "7"}, tasks_of=lambda job: 4)
+
+
+def test_the_launcher_takes_the_world_from_the_spec_the_command_trains():
+    """The rule's line names no world size: a run of 4 ranks on 2 nodes is launched as its
+    spec says, whichever way --spec is written; without --nproc or --spec, one clear line."""
+    path = spec("ddp", world_size=4, nodes=2)
+    for command in (["cifarflow", "train", "--spec", str(path)], ["train", f"--spec={path}"]):
+        assert world_of(command) == (4, 2)
+    with pytest.raises(SystemExit, match="give --nproc, or a command with --spec"):
+        world_of(["cifarflow", "train"])
 
 
 def test_rank_and_master_come_from_slurm():

@@ -3,7 +3,7 @@ boundary, with a log line and a summary column; without the flag the change is r
 
 import pytest
 
-from conftest import PY, cli, metrics_of, spec
+from conftest import PY, cli, metrics_of, snakemake, spec, summary_rows
 from cifarflow import checkpoint as ckpt
 from cifarflow.aggregate import summarize_run
 
@@ -59,3 +59,28 @@ def test_a_checkpoint_inside_an_epoch_cannot_change_world_size(cifar_dir, tmp_pa
     out = segment(cifar_dir, tmp_path / "segment-2", "ddp", 2, until=3, resume=first,
                   elastic=True, budget_s=0.01, margin_s=0, check=False)
     assert out.returncode != 0 and "at an epoch boundary only" in out.stderr
+
+
+@pytest.mark.slow  # two workflow runs: about 30 s
+def test_a_new_world_size_goes_on_through_the_workflow(tmp_path):
+    """A ddp run's first segment trains on 1 rank; distributed.world_size becomes 2 and
+    Snakemake is run again: segment 1 stands (not retrained), segment 2 resumes from it
+    on 2 ranks, and summary.csv says so in `resized`."""
+    config = tmp_path / "elastic.yaml"
+    text = ("strategies: [ddp]\ndata: {source: synthetic, synthetic: {train_size: 1000, "
+            "test_size: 200}}\ntrain: {epochs: 2, batch_size: 100, lr: 0.05, log_interval_s: 100}"
+            "\ndistributed: {world_size: 1, device: cpu}\nsegments: {count: 2, elastic: true}\n"
+            "resources: {cpus_per_task: 1}\n")
+    config.write_text(text)
+    snakemake(tmp_path, "--cores", 2, "results/runs/ddp/segment-1", configfile=config)
+    first = ckpt.read_manifest(tmp_path / "results/runs/ddp/segment-1")
+    config.write_text(text.replace("world_size: 1", "world_size: 2"))
+    out = snakemake(tmp_path, "--cores", 2, configfile=config)
+    assert ("run ddp: world size 1 -> 2 (segments.elastic): its finished segments stand"
+            in out.stdout + out.stderr)
+    assert ckpt.read_manifest(tmp_path / "results/runs/ddp/segment-1") == first  # kept
+    log = (tmp_path / "results/logs/train/ddp/segment-2.log").read_text()
+    assert "elastic resume: world size 1 -> 2 at epoch 2" in log
+    assert [h["world_size"] for h in metrics_of(tmp_path / "results/runs/ddp/segment-2")] == [1, 2]
+    row = summary_rows(tmp_path)["ddp"]
+    assert (row["resized"], row["world_size"], row["status"]) == ("1->2@epoch2", "2", "ok")

@@ -115,14 +115,14 @@ def test_rules_call_the_installed_command_and_refuse_a_venv_without_it(tmp_path)
     command = Path(PY).parent / "cifarflow"
     assert f"{command} fetch-data --source synthetic" in plan
     # the segment is started by the launcher (its own srun step in a Slurm job)
-    assert re.search(rf"\(\S*python\S* -m cifarflow launch --nproc 1 .*-- {re.escape(str(command))} "
+    assert re.search(rf"\(\S*python\S* -m cifarflow launch --cpus-per-task \d+ -- {re.escape(str(command))} "
                      r"train --spec results/runs/cpu/spec.json", plan), plan[-3000:]
     # env.mode venv: its own `cifarflow` once activated, if it is installed there
     project_venv = Path(PY).parent.parent
     plan = snakemake(tmp_path, "-n", "-p", configfile=local,
                      config=[f"env={{'mode': 'venv', 'venv': '{project_venv}'}}"]).stdout
     activate = re.escape(f"source {project_venv}/bin/activate")
-    assert re.search(rf"{activate} && +python -m cifarflow launch --nproc 1 .*-- cifarflow train "
+    assert re.search(rf"{activate} && +python -m cifarflow launch --cpus-per-task \d+ -- cifarflow train "
                      r"--spec", plan), plan[-3000:]
     bare = tmp_path / "bare-venv"
     venv.create(bare, with_pip=False)

@@ -4,6 +4,7 @@ out of memory, a pack's memory per core), Slurm placement, the runs file, the ch
 the cluster's limits, the jobs' command. No Snakemake runs here."""
 
 import copy
+import os
 import json
 import subprocess
 from pathlib import Path
@@ -387,3 +388,29 @@ def test_a_fused_pack_is_one_task_with_the_members_memory_and_one_gpu(tmp_path, 
     assert parsed.fuse == "auto" and parsed.members == ["gpu_lr0p1", "gpu_lr0p2", "gpu_lr0p3"]
     plan.announce()
     assert plan.log.infos[-1] == "pack.fuse: 3 runs in 1 fused pack(s) (lenet bs 512: 1)"
+
+
+@pytest.mark.parametrize("elastic", [True, False])
+def test_a_new_world_size_keeps_the_finished_segments_only_when_elastic(tmp_path, bin_dir,
+                                                                       elastic):
+    """The spec's time stamp is what makes Snakemake train a run's segments again: a new
+    distributed.world_size under segments.elastic keeps it (the next segment resumes from
+    the finished ones), and without the flag the plan says the run starts over."""
+    over = dict(strategies=["ddp"], distributed={"world_size": 1},
+                segments={"count": 2, "elastic": elastic})
+    make_plan(tmp_path, bin_dir, **over).write_specs()
+    spec = Path(RunPaths(str(tmp_path / "results"), "ddp").spec)
+    old = spec.stat().st_mtime_ns - 10**9  # as if written a second ago
+    os.utime(spec, ns=(old, old))
+    plan = make_plan(tmp_path, bin_dir, **{**over, "distributed": {"world_size": 2}})
+    plan.write_specs()
+    assert json.loads(spec.read_text())["world_size"] == 2  # the next segment's world
+    said = [line for line in plan.log.infos if line.startswith("run ddp: world size 1 -> 2")]
+    if elastic:
+        assert spec.stat().st_mtime_ns == old
+        assert said == ["run ddp: world size 1 -> 2 (segments.elastic): its finished segments "
+                        "stand, the next resumes from them at an epoch boundary"]
+    else:
+        assert spec.stat().st_mtime_ns > old
+        assert said == ["run ddp: world size 1 -> 2: the run is trained again from its first "
+                        "segment (segments.elastic: true would go on from the finished ones)"]

@@ -116,14 +116,12 @@ class Strategy:
     @classmethod
     def launcher(cls, python: str, run) -> str:
         """How the run's processes start: `cifarflow launch` (srun in a Slurm job, torchrun
-        or the command itself outside). A one-process run is one srun step of its own too,
-        so a preempted segment ends its job well (Slurm signals the steps, not the batch
-        script that the Snakemake jobstep runs in); empty for a launched world of one."""
-        cfg = run.config
-        if cls.launched and cfg.world_size == 1:
-            return ""
+        or the command itself outside), as many as the spec.json of the command says (so
+        the line is the same whatever the world size). A one-process run is one srun step
+        of its own too, so a preempted segment ends its job well (Slurm signals the steps,
+        not the batch script that the Snakemake jobstep runs in)."""
         spawn = " --self-spawning" if cls.self_spawning else ""
-        return (f"{python} -m cifarflow launch --nproc {cfg.world_size} --nodes {cfg.nodes} "
+        return (f"{python} -m cifarflow launch "
                 f"--cpus-per-task {run.resources['cpus_per_task']}{spawn} --")
 
     @classmethod
