@@ -14,6 +14,7 @@ context, cuDNN autotuning); for one at a time it is the mean of the runs' figure
     python bench/gpu_sweep.py --cases alone fused:8 fused:16 mps:4
 
 Figures go to bench/out/gpu_sweep.json and are printed as a table (bench/README.md).
+One run's step against a hand-written loop on the same device: bench/gpu_step.py.
 """
 
 from __future__ import annotations
@@ -52,18 +53,21 @@ def dataset(size: int) -> Path:
     return batches
 
 
-def plan(results: Path, model: str, runs: int, device: str, args) -> list[str]:
-    """`runs` members that differ in lr (a sweep), planned as the workflow plans them."""
+def plan(results: Path, model: str, runs: int, device: str, args, strategy: str = "",
+         sections: dict | None = None) -> dict:
+    """`runs` members that differ in lr (a sweep), planned as the workflow plans them: name
+    -> planned run. ``strategy`` defaults to the device's one-process strategy (gpu, cpu);
+    ``sections`` adds config sections (e.g. distributed for ddp)."""
     config = with_defaults({
-        "strategies": ["gpu" if device == "cuda" else "cpu"],
+        "strategies": [strategy or ("gpu" if device == "cuda" else "cpu")],
         "data": {"synthetic": {"train_size": args.images, "test_size": max(1000, args.images // 5)}},
         "train": {"model": model, "epochs": args.epochs, "batch_size": args.batch_size[model],
                   "log_interval_s": 1000, "deterministic": args.deterministic},
-        "sweep": {"lr": [round(0.01 + 0.001 * i, 4) for i in range(runs)]}})
+        "sweep": {"lr": [round(0.01 + 0.001 * i, 4) for i in range(runs)]}, **(sections or {})})
     planned = build_runs(config)
     for name, run in planned.items():
         run.config.write(RunPaths(str(results), name).spec)
-    return list(planned)
+    return planned
 
 
 def train_argv(results: Path, batches: Path, run: str, threads: int) -> list[str]:
@@ -72,11 +76,15 @@ def train_argv(results: Path, batches: Path, run: str, threads: int) -> list[str
             str(batches), "--out", paths.segment(1), "--threads", str(threads)]
 
 
-def steady(results: Path, run: str) -> float:
+def steady_epochs(results: Path, run: str) -> list[dict]:
+    """The metrics.jsonl records of segment 1's steady epochs (2 onwards; all if only one)."""
     rows = [json.loads(line) for line in
             (Path(RunPaths(str(results), run).segment(1)) / "metrics.jsonl").read_text().splitlines()]
-    rows = rows[1:] or rows
-    return statistics.mean(r["images_per_sec"] for r in rows)
+    return rows[1:] or rows
+
+
+def steady(results: Path, run: str) -> float:
+    return statistics.mean(r["images_per_sec"] for r in steady_epochs(results, run))
 
 
 def run_case(case: str, device: str, batches: Path, args) -> dict:
