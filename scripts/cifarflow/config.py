@@ -164,14 +164,15 @@ class TrainConfig:
     def to_dict(self) -> dict:
         return asdict(self)
 
-    def write(self, path: Path, only_if_changed: bool = False) -> None:
+    def to_json(self) -> str:
+        """The spec.json text: the same config gives the same text."""
+        return json.dumps(self.to_dict(), indent=1, sort_keys=True) + "\n"
+
+    def write(self, path: Path) -> None:
         path = Path(path)
-        text = json.dumps(self.to_dict(), indent=1, sort_keys=True) + "\n"
-        if only_if_changed and path.is_file() and path.read_text() == text:
-            return  # its time stamp keeps saying when the config last changed
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(text)
+        tmp.write_text(self.to_json())
         tmp.replace(path)
 
     def effective_lr(self) -> float:

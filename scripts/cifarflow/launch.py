@@ -37,12 +37,13 @@ def world_of(command: list[str]) -> tuple[int, int]:
     read when the segment starts, so the rule's command line is the same whatever the world
     size, and a change of it under segments.elastic leaves the finished segments standing."""
     import json
+    from pathlib import Path
 
     spec = next((arg.split("=", 1)[1] if "=" in arg else command[i + 1]
                  for i, arg in enumerate(command) if arg.split("=")[0] == "--spec"), None)
     if spec is None:
         raise SystemExit("launch: give --nproc, or a command with --spec (a run's spec.json)")
-    cfg = json.loads(open(spec).read())
+    cfg = json.loads(Path(spec).read_text())
     return int(cfg["world_size"]), int(cfg["nodes"])
 
 

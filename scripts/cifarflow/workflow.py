@@ -329,10 +329,12 @@ class WorkflowPlan:
         keeps the time stamp: the finished segments stand and the next resumes from them."""
         for run in self.runs.values():
             spec = Path(RunPaths(self.results, run.name).spec)
-            before = json.loads(spec.read_text()) if spec.is_file() else None
-            stamp = spec.stat() if before else None
-            run.config.write(spec, only_if_changed=True)
-            now = run.config.to_dict()
+            old = spec.read_text() if spec.is_file() else None
+            if old == run.config.to_json():
+                continue  # its time stamp keeps saying when the config last changed
+            stamp = spec.stat() if old else None
+            run.config.write(spec)
+            before, now = json.loads(old) if old else {}, run.config.to_dict()
             if not before or before.get("world_size") == now["world_size"]:
                 continue
             changed = {key for key in now if before.get(key) != now[key]}
