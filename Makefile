@@ -45,7 +45,7 @@ test: lint debian-packages  ## the whole suite (starts the test Slurm cluster: t
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest -v --durations=25 tests
 
 test-fast: $(DEV_STAMP)  ## the edit-test loop (< 10 min): tests/unit and tests/integration, no Slurm, no `slow`
-	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest -q -m "not slow" tests/unit tests/integration
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest -q --durations=15 -m "not slow" tests/unit tests/integration
 
 bench: $(STAMP)
 	$(PY) bench/bench.py

@@ -61,8 +61,8 @@ def check_plan(runs: int, jobs_per_round: int, rounds: int, total_jobs: int, run
              f"{total_jobs} segment job(s) in all" + (f", at most {at_once} queued at once "
                                                      "(--jobs)" if at_once else "")]
     if limits is None:
-        return lines + ["cluster limits: no Slurm client here (scontrol); the plan is not "
-                        "checked against a cluster"], []
+        return lines + ["cluster limits: no answer from Slurm here (scontrol show config); "
+                        "the plan is not checked against a cluster"], []
     errors = []
     max_time = limits["max_time_min"]
     told = [f"partition {limits['partition']} MaxTime "

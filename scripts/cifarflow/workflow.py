@@ -412,10 +412,12 @@ class WorkflowPlan:
             runtimes.setdefault(run.resources["runtime"], []).append(name)
         segments = [len(self.runs[members[0]].segment_epochs) for members in units]
         partition = self.slurm_placement.get("slurm_partition", "")
+        limits = limits_of(partition)
         lines, errors = check_plan(
             len(self.runs), len(units), max(segments), sum(segments), runtimes,
-            limits_of(partition), self.jobs_at_once)
-        errors += check_fit(job_shapes(self.runs, self.packs), partition, partitions_of())
+            limits, self.jobs_at_once)
+        if limits is not None:  # Slurm answered; else asking again only waits for it to fail
+            errors += check_fit(job_shapes(self.runs, self.packs), partition, partitions_of())
         for line in lines:
             self.log.info(line)
         if errors and self.jobs_at_once:

@@ -37,6 +37,7 @@ def extracted_md5(workdir) -> str:
     return file_digest(workdir / "results/data/cifar-10-batches-py" / data.TEST_FILE, "md5")
 
 
+@pytest.mark.slow  # eight snakemake runs: about 25 s
 def test_every_switch_of_data_source_reruns_fetch_and_extract(tmp_path, served):
     archive, url = served
     work = tmp_path / "work"

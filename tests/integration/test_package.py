@@ -223,6 +223,7 @@ def venv_of(dists: dict, path: Path) -> Path:
     return python
 
 
+@pytest.mark.slow  # builds a venv: about 15 s
 def test_a_job_venv_needs_requirements_train_only(tmp_path, cifar_dir):
     """env.mode slurm_tmpdir installs requirements-train.txt alone in each job. A venv
     holding exactly that (its distributions and what they require, linked from this venv;

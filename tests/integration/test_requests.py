@@ -4,6 +4,8 @@
 import json
 import math
 
+import pytest
+
 from conftest import snakemake, summary_rows
 
 CONFIG = ("strategies: [cpu]\ndata: {source: synthetic, synthetic: {train_size: 1000, "
@@ -18,6 +20,7 @@ def tries_of(workdir, run="cpu"):
     return {t["segment"]: t for t in meta["segment_runs"]}
 
 
+@pytest.mark.slow  # a two-segment workflow run: about 15 s
 def test_autosize_asks_the_next_segment_for_what_the_last_one_used(tmp_path):
     config = tmp_path / "config.yaml"
     config.write_text(CONFIG.replace("MODEL", "").replace("AUTOSIZE", "true"))

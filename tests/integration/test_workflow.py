@@ -391,6 +391,7 @@ def test_sigkill_mid_segment_resumes_from_the_last_in_segment_checkpoint(tmp_pat
                          state_of(killed / "results/runs/cpu/segment-1")["model"])
 
 
+@pytest.mark.slow  # a whole workflow run, frozen then let on: about 15 s
 def test_second_workflow_in_the_same_directory_is_refused(tmp_path):
     cfg = CONFIGS / "kill" / "config.yaml"
     cmd = [str(Path(PY).parent / "snakemake"), "-s", str(ROOT / "Snakefile"), "--directory",

@@ -37,7 +37,7 @@ def test_runtime_above_max_time_and_jobs_above_the_submit_limit_are_refused():
 
 def test_without_slurm_one_line_says_so():
     lines, errors = check_plan(4, 4, 2, 8, {30: ["cpu"]}, None, None)
-    assert errors == [] and lines[-1].startswith("cluster limits: no Slurm client here")
+    assert errors == [] and lines[-1].startswith("cluster limits: no answer from Slurm here")
 
 
 def test_scontrol_records_are_read_as_key_value_pairs():

@@ -39,7 +39,7 @@ def test_a_missing_command_is_a_reply_not_an_error(fake_bin):
     assert reply.detail.startswith("squeue: ")
     assert slurm.job_alive("12") is None and slurm.job_state("12") is None
     assert slurm.job_end_time("12") is None and slurm.cluster_config() is None
-    assert limits.read_limits("short") is None  # the plan says: no Slurm client here
+    assert limits.read_limits("short") is None  # the plan says: no answer from Slurm here
 
 
 def test_a_failed_command_gives_its_status_and_last_error_line(fake_bin):

@@ -280,12 +280,13 @@ def test_the_cluster_check_only_warns_without_jobs_and_says_when_there_is_no_slu
     assert len(plan.log.warnings) == 1
     assert plan.log.warnings[0].endswith("(a run through profiles/slurm stops here)")
     quiet = make_plan(tmp_path, bin_dir, jobs_at_once=4)
-    quiet.check_against_cluster(lambda partition: None, lambda: None)
+    quiet.check_against_cluster(lambda partition: None, lambda: pytest.fail(
+        "asked for the partitions after Slurm did not answer"))
     assert quiet.log.infos == [
         "plan: 1 segment job(s) per round, 2 round(s), 2 segment job(s) in all, at most 4 "
         "queued at once (--jobs)",
-        "cluster limits: no Slurm client here (scontrol); the plan is not checked against a "
-        "cluster"]
+        "cluster limits: no answer from Slurm here (scontrol show config); the plan is not "
+        "checked against a cluster"]
 
 
 def test_the_plan_says_how_it_packs_and_prunes(tmp_path, bin_dir):
