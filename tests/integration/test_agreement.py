@@ -16,8 +16,8 @@ import torch
 from conftest import ENV, PY, assert_bit_identical, metrics_of, same_metrics, spec, train
 from cifarflow import checkpoint as ckpt
 
-# lightning is the costliest (its import, its Trainer): make test proves it, test-fast the others
-STRATEGIES = ["ddp", "fsdp", pytest.param("lightning", marks=pytest.mark.slow)]
+# one StopController for all: test-fast proves the agreement with ddp, make test with each
+STRATEGIES = ["ddp", *(pytest.param(s, marks=pytest.mark.slow) for s in ("fsdp", "lightning"))]
 SPEC = dict(epochs=2, batch_size=20, lr=0.05, world_size=2, device="cpu")  # 50 batches/epoch
 
 
@@ -127,7 +127,7 @@ def test_sigusr2_to_one_rank_stops_both_at_the_same_batch(cifar_dir, reference, 
     assert same_metrics(metrics_of(whole), metrics_of(tmp_path / "s2"))
 
 
-@pytest.mark.slow  # about 20 s; ddp and fsdp prove the in-segment resume in test-fast
+@pytest.mark.slow  # about 20 s; ddp proves the in-segment resume in test-fast
 def test_killed_lightning_segment_resumes_from_its_in_segment_checkpoint(cifar_dir, tmp_path):
     whole = tmp_path / "whole"
     run2(cifar_dir, whole, "lightning")

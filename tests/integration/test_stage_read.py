@@ -3,6 +3,8 @@ is read by every rank, not the shared original. Proven by a staged copy that hol
 images than the original (same files, same sizes, so the reuse check passes): two ddp
 ranks that stage train exactly as on those other images, read from where they lie."""
 
+import pytest
+
 from conftest import ENV, PY, SYNTHETIC, assert_bit_identical, cli, spec, state_of
 from cifarflow import data
 from cifarflow.stage import stage_split
@@ -16,6 +18,7 @@ def ddp(batches, out, env=ENV, stage="none"):
                "--stage-data", stage, env=env)
 
 
+@pytest.mark.slow  # three 2-rank runs: about 10 s; test_stage proves what staging copies
 def test_the_ranks_read_the_staged_copy_not_the_original(cifar_dir, tmp_path):
     archive = data.prepare_archive("synthetic", tmp_path / "other",
                                    synthetic={**SYNTHETIC, "seed": 99})
