@@ -18,7 +18,8 @@ def segment(cifar_dir, out, strategy, world, until, resume=None, check=True, **k
     return cli("launch", "--nproc", world, "--", PY, "-m", "cifarflow", *args, check=check)
 
 
-@pytest.mark.parametrize("strategy, before, after", [("ddp", 1, 2), pytest.param("fsdp", 2, 1, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("strategy, before, after", [
+    ("ddp", 1, 2), pytest.param("fsdp", 2, 1, marks=pytest.mark.slow)])
 def test_a_run_goes_on_with_another_world_size_and_keeps_learning(cifar_dir, tmp_path,
                                                                    strategy, before, after):
     first, second = tmp_path / "segment-1", tmp_path / "segment-2"
