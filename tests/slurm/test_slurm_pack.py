@@ -27,8 +27,11 @@ def test_slurm_pack_spreads_over_two_nodes_equals_unpacked_and_retries_one_membe
     round, each of 4 one-core tasks that Slurm spreads over both nodes. One member is
     SIGKILLed after its first in-segment save (frozen from its start, it trains in short
     steps until the save exists); only it is retried, from that save's batch. Final
-    weights equal the unpacked sweep's bit for bit."""
-    config = sweep_config(tmp_path / "c.yaml", 16, 4, train="checkpoint_interval_s: 0.001")
+    weights equal the unpacked sweep's bit for bit. Slurm kills a step above its memory
+    (polling): a member peaks at about 800 MB there (launcher and training process), so each
+    asks 2000 MB, else the frozen victim could be killed for memory and retried with more."""
+    config = sweep_config(tmp_path / "c.yaml", 16, 4, train="checkpoint_interval_s: 0.001",
+                          mem_mb=2000)
     multi = tmp_path / "multi.yaml"
     multi.write_text("slurm: {partition: multi}\n")
     proc = start_slurm(tmp_path, config, multi, args=["--verbose"])
@@ -48,8 +51,12 @@ def test_slurm_pack_spreads_over_two_nodes_equals_unpacked_and_retries_one_membe
     assert proc.returncode == 0, output[-4000:]
     assert not saved["done"] and 1 <= saved["step"] < 10, saved
     calls = [c for c in output.splitlines() if "sbatch call" in c and "rule_train_cpu" in c]
+    asks = [re.search(r"--comment (\S+).*?(--mem-per-cpu \d+).*?(--ntasks=\d+ --cpus-per-task=\d+)",
+                      c).groups() for c in calls]
+    killed = (tmp_path / f"results/logs/train/{victim}").glob("segment-*.attempt1.log")
     assert len(calls) == 4 * 2 + 1 and all(
-        "--ntasks=4 --cpus-per-task=1" in c and "--mem-per-cpu 1000" in c for c in calls)
+        a[1:] == ("--mem-per-cpu 2000", "--ntasks=4 --cpus-per-task=1") for a in asks), \
+        (asks, [log.read_text()[-1000:] for log in killed])
     packs = sorted(set(re.findall(r"rule_train_cpu_wildcards_(cpu-pack\d+_\d+)", output)))
     assert len(packs) == 4 * 2  # 4 packs, 2 segments
     assert len(set(submitted(output)["train_cpu"])) == 4 * 2 + 1  # and the one retry
