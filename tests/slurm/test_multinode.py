@@ -4,9 +4,7 @@ and node-local /localscratch. Everything goes through --profile profiles/slurm."
 
 import csv
 import json
-import os
 import re
-import signal
 import subprocess
 import time
 from pathlib import Path
@@ -14,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import PY, ROOT, assert_bit_identical, cli, metrics_of, state_of
-from conftest import slurm_job_prefix, slurm_jobs, summary_rows
+from conftest import slurm_job_prefix, slurm_jobs, summary_rows, train_until_saved
 from test_slurm import CONFIG, job_state, slurm, start_slurm, submitted, training_processes
 
 pytestmark = pytest.mark.slurm
@@ -178,7 +176,7 @@ def test_node_failure_reruns_the_segment_on_the_other_node_and_resumes_exactly(t
                          distributed={"world_size": 2, "nodes": 1},
                          train={"epochs": 10, "batch_size": 20, "checkpoint_interval_s": 0.5})
     proc = start_slurm(tmp_path, CONFIG, extra)
-    work = tmp_path / "results/runs/ddp/work/checkpoint.json"
+    work = tmp_path / "results/runs/ddp/work"
     t0, node = time.time(), None
     try:
         ranks = []
@@ -193,17 +191,7 @@ def test_node_failure_reruns_the_segment_on_the_other_node_and_resumes_exactly(t
         # frozen from the start, the ranks go on in short steps until the in-segment
         # checkpoint exists: it exists, and the segment has not ended, however fast the
         # machine trains; nothing moves on then until the node is gone
-        while time.time() - t0 < 600 and not work.exists():
-            for pid in ranks:
-                os.kill(pid, signal.SIGSTOP)
-            time.sleep(0.6)  # longer than checkpoint_interval_s: the next batch saves
-            for pid in ranks:
-                os.kill(pid, signal.SIGCONT)
-            time.sleep(0.05)
-        for pid in ranks:
-            os.kill(pid, signal.SIGSTOP)
-        assert work.exists(), "the segment wrote no in-segment checkpoint"
-        frozen = json.loads(work.read_text())  # the last save: where the rerun goes on
+        frozen = train_until_saved(ranks, work)  # the save the rerun goes on from
         assert node in NODES, node
         subprocess.run(["bash", str(CLUSTER), "kill-node", node], check=True)
         output = proc.communicate(timeout=900)[0]
