@@ -42,7 +42,7 @@ lint: $(DEV_STAMP)  ## snakefmt, and snakemake --lint but its one accepted findi
 
 test: lint debian-packages  ## the whole suite (starts the test Slurm cluster: this host plus two namespaced nodes)
 	bash tests/slurm/cluster.sh start
-	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest -v --durations=25 tests
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH PYTHON=$(PY) bash tests/suite.sh
 
 test-fast: $(DEV_STAMP)  ## the edit-test loop (< 10 min): tests/unit and tests/integration, no Slurm, no `slow`
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest -q --durations=15 -m "not slow" tests/unit tests/integration

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# make test: the Slurm tests and the rest of the suite at the same time, in two pytest runs.
+# The Slurm tests share one cluster (one kills a node, one the controller, some preempt or
+# fill the partitions), so they run one after another; they mostly wait on Slurm's timers,
+# which leaves the CPUs to tests/unit and tests/integration beside them. The Slurm half's
+# output goes to a log, printed whole when both halves are done; the exit status fails if
+# either half fails.
+set -u
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-.venv/bin/python}
+log=$(mktemp -t cifarflow-slurm-tests.XXXXXX.log)
+
+# job control on for the background half: without it bash starts it with SIGINT ignored,
+# and the Snakemake runs the Ctrl-C tests interrupt would inherit that and go on
+set -m
+"$PYTHON" -m pytest -v --durations=15 tests/slurm >"$log" 2>&1 &
+slurm_pid=$!
+set +m
+trap 'kill -INT $slurm_pid 2>/dev/null; wait $slurm_pid' INT TERM
+echo "tests/slurm runs beside this half of the suite: tail -f $log"
+
+"$PYTHON" -m pytest -v --durations=15 tests/unit tests/integration
+rest=$?
+wait $slurm_pid
+slurm=$?
+
+echo
+echo "==================== tests/slurm (ran beside the above; $log) ===================="
+cat "$log"
+echo
+echo "tests/unit + tests/integration: exit $rest; tests/slurm: exit $slurm"
+[ "$rest" -eq 0 ] && [ "$slurm" -eq 0 ]
