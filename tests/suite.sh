@@ -11,9 +11,10 @@ PYTHON=${PYTHON:-.venv/bin/python}
 log=$(mktemp -t cifarflow-slurm-tests.XXXXXX.log)
 
 # job control on for the background half: without it bash starts it with SIGINT ignored,
-# and the Snakemake runs the Ctrl-C tests interrupt would inherit that and go on
+# and the Snakemake runs the Ctrl-C tests interrupt would inherit that and go on; its stdin
+# is /dev/null, as bash gives a background job without job control
 set -m
-"$PYTHON" -m pytest -v --durations=15 tests/slurm >"$log" 2>&1 &
+"$PYTHON" -m pytest -v --durations=15 tests/slurm </dev/null >"$log" 2>&1 &
 slurm_pid=$!
 set +m
 trap 'kill -INT $slurm_pid 2>/dev/null; wait $slurm_pid' INT TERM
