@@ -188,9 +188,7 @@ def test_node_failure_reruns_the_segment_on_the_other_node_and_resumes_exactly(t
                     break
             time.sleep(0.05)
         assert len(ranks) == 2, "the segment's ranks never ran"
-        # frozen from the start, the ranks go on in short steps until the in-segment
-        # checkpoint exists: it exists, and the segment has not ended, however fast the
-        # machine trains; nothing moves on then until the node is gone
+        # frozen after their first in-segment save until the node is gone
         frozen = train_until_saved(ranks, work)  # the save the rerun goes on from
         assert node in NODES, node
         subprocess.run(["bash", str(CLUSTER), "kill-node", node], check=True)
