@@ -8,6 +8,8 @@ import os
 import shlex
 from pathlib import Path
 
+from . import slurm
+
 
 def put_engine_first(engine_dir: Path, environ=os.environ) -> None:
     """Jobs import the engine of the workflow's own checkout: first on PYTHONPATH, ahead of
@@ -18,15 +20,38 @@ def put_engine_first(engine_dir: Path, environ=os.environ) -> None:
         environ["PYTHONPATH"] = os.pathsep.join([str(engine_dir), *entries])
 
 
-def keep_slurm_job_values(environ=os.environ) -> None:
+def keep_slurm_job_values(environ=os.environ, end_time_of=slurm.job_end_time,
+                          queue_wait_of=slurm.job_queue_wait_s) -> None:
     """The Slurm jobstep drops SLURM_* (but the job id) from the environment of what it runs.
     The jobstep itself reads common.smk first, before that: keep the job's values that the
-    job commands need as CIFARFLOW_SLURM_*, once per job."""
+    job commands need as CIFARFLOW_SLURM_*, once per job. The job's end and its wait in the
+    queue are asked here too, so that no rank runs a Slurm command (see job_fact)."""
     job_id = environ.get("SLURM_JOB_ID", "")
     if job_id and job_id != environ.get("CIFARFLOW_SLURM_JOB_ID"):
         environ["CIFARFLOW_SLURM_JOB_ID"] = job_id
         for name in ("SLURM_TMPDIR", "SLURM_RESTART_COUNT"):
             environ[f"CIFARFLOW_{name}"] = environ.get(name, "")
+        facts = {"JOB_END_TIME": end_time_of(job_id), "QUEUE_WAIT_S": queue_wait_of(job_id)}
+        for name, value in facts.items():
+            environ[f"CIFARFLOW_SLURM_{name}"] = "" if value is None else repr(value)
+
+
+def job_fact(name: str, ask, environ=os.environ) -> float | None:
+    """A number about this Slurm job (JOB_END_TIME, QUEUE_WAIT_S) that keep_slurm_job_values
+    asked when the job started; ``ask(job_id)`` only where it did not (a command started by
+    hand in an allocation). None: no job, or no answer.
+
+    Ranks run no Slurm command because a child spawned by a large process is counted as a
+    copy of its memory until it execs, where the site gathers memory per process
+    (jobacct_gather/linux), and a busy node's sampler can catch it: a rank whose peak was
+    722 MB was counted at 1,422 MB while its squeue started, and killed over its 1,000 MB."""
+    job = environ.get("SLURM_JOB_ID") or environ.get("CIFARFLOW_SLURM_JOB_ID")
+    if not job:
+        return None
+    kept = f"CIFARFLOW_SLURM_{name}"
+    if environ.get("CIFARFLOW_SLURM_JOB_ID") == job and kept in environ:
+        return float(environ[kept]) if environ[kept] else None
+    return ask(job)
 
 
 def prologue(env: dict, basedir: Path, nodes: int = 1) -> str:

@@ -18,7 +18,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from conftest import ENV, PY, ROOT, snakemake, spec
-from cifarflow.job_env import keep_slurm_job_values, put_engine_first
+from cifarflow.job_env import job_fact, keep_slurm_job_values, put_engine_first
 
 SUBCOMMANDS = ("fetch-data", "extract-data", "train", "record-env", "aggregate", "show",
                "launch", "mps-run")
@@ -145,19 +145,49 @@ def test_jobs_import_the_workflows_own_checkout_first(tmp_path):
 
 
 def test_slurm_values_are_kept_once_per_job():
+    asked = []
+
+    def end_time_of(job):
+        asked.append(("end", job))
+        return 1796500000.0
+
+    def queue_wait_of(job):
+        asked.append(("wait", job))
+        return None  # no answer
+
+    def keep(environ):
+        keep_slurm_job_values(environ, end_time_of, queue_wait_of)
+
     environ = {"SLURM_JOB_ID": "7", "SLURM_TMPDIR": "/localscratch/7", "SLURM_RESTART_COUNT": "1"}
-    keep_slurm_job_values(environ)
+    keep(environ)
     assert (environ["CIFARFLOW_SLURM_JOB_ID"], environ["CIFARFLOW_SLURM_TMPDIR"],
-            environ["CIFARFLOW_SLURM_RESTART_COUNT"]) == ("7", "/localscratch/7", "1")
+            environ["CIFARFLOW_SLURM_RESTART_COUNT"], environ["CIFARFLOW_SLURM_JOB_END_TIME"],
+            environ["CIFARFLOW_SLURM_QUEUE_WAIT_S"]) == ("7", "/localscratch/7", "1",
+                                                          "1796500000.0", "")
     del environ["SLURM_TMPDIR"], environ["SLURM_RESTART_COUNT"]  # what the jobstep drops
-    keep_slurm_job_values(environ)
+    keep(environ)
     assert environ["CIFARFLOW_SLURM_TMPDIR"] == "/localscratch/7"
+    assert asked == [("end", "7"), ("wait", "7")]  # once per job, not once per parse
     environ["SLURM_JOB_ID"] = "8"  # another job (a retry) inheriting the old values
-    keep_slurm_job_values(environ)
+    keep(environ)
     assert (environ["CIFARFLOW_SLURM_JOB_ID"], environ["CIFARFLOW_SLURM_TMPDIR"]) == ("8", "")
+    assert asked[2:] == [("end", "8"), ("wait", "8")]
     outside = {}
-    keep_slurm_job_values(outside)
-    assert outside == {}
+    keep(outside)
+    assert outside == {} and len(asked) == 4
+
+
+def test_a_rank_reads_the_kept_job_facts_and_asks_slurm_only_where_none_were_kept():
+    def never(job):
+        raise AssertionError(f"a rank asked Slurm about job {job}")
+
+    kept = {"SLURM_JOB_ID": "7", "CIFARFLOW_SLURM_JOB_ID": "7",
+            "CIFARFLOW_SLURM_JOB_END_TIME": "1796500000.0", "CIFARFLOW_SLURM_QUEUE_WAIT_S": ""}
+    assert job_fact("JOB_END_TIME", never, kept) == 1796500000.0
+    assert job_fact("QUEUE_WAIT_S", never, kept) is None  # asked at the start, no answer
+    assert job_fact("JOB_END_TIME", never, {}) is None  # no job
+    by_hand = {"SLURM_JOB_ID": "9", **{k: v for k, v in kept.items() if k != "SLURM_JOB_ID"}}
+    assert job_fact("JOB_END_TIME", lambda job: float(job), by_hand) == 9.0  # not its job's
 
 
 def requirements_in(path: Path) -> list[Requirement]:

@@ -17,6 +17,7 @@ import pytest
 from conftest import (ROOT, SLURM_RUNS, cancel_slurm_jobs, slurm_job_prefix, slurm_jobs, snakemake,
                       start_snakemake, summary_rows, training_spec)
 from cifarflow import checkpoint as ckpt
+from cifarflow.slurm import fields
 
 pytestmark = pytest.mark.slurm
 CONFIG = ROOT / "tests" / "configs" / "slurm" / "config.yaml"
@@ -215,24 +216,36 @@ def test_job_killed_for_its_time_limit_is_retried_and_resumes(tmp_path):
     assert (row["attempts"], row["status"]) == ("2", "ok")
 
 
-def test_a_segment_reads_its_jobs_end_from_slurm(tmp_path):
-    """Slurm 22.05 sets no SLURM_JOB_END_TIME: inside a job with a time limit, the engine's
-    slurm_end_time asks squeue, and gets the end the controller set (start + limit)."""
-    out = tmp_path / "end.txt"
+def test_a_segment_reads_its_jobs_end_and_queue_wait_from_what_the_job_kept(tmp_path):
+    """Slurm 22.05 sets no SLURM_JOB_END_TIME: the job (common.smk's keep_slurm_job_values)
+    asks squeue for its end (start + limit) and its wait in the queue, once; a rank reads
+    both from its environment and runs no Slurm command (here it has none on its PATH)."""
+    out, job, rank = tmp_path / "facts.txt", tmp_path / "job.py", tmp_path / "rank.py"
+    job.write_text("import subprocess, sys\n"
+                   "from cifarflow.job_env import keep_slurm_job_values\n"
+                   "keep_slurm_job_values()  # what common.smk does in every job\n"
+                   "subprocess.run([sys.executable, sys.argv[1]], check=True)\n")
+    rank.write_text("import os\n"
+                    "os.environ['PATH'] = ''  # a Slurm query here would find no squeue: None\n"
+                    "from cifarflow.engine.stop import slurm_end_time\n"
+                    "from cifarflow.engine.usage import queue_wait_s\n"
+                    "print(slurm_end_time(), queue_wait_s())\n")
     jobid = subprocess.run(
-        ["sbatch", "--parsable", "--time=7", "--mem=1500", f"--output={out}",
-         f"--job-name={slurm_job_prefix(tmp_path)}_end", "--wrap",
-         f"PYTHONPATH={ROOT / 'scripts'} {sys.executable} -c 'from cifarflow.engine.stop import "
-         f"slurm_end_time; print(slurm_end_time())'"],
+        ["sbatch", "--parsable", "--time=7", "--mem=1500", f"--output={out}", "--begin=now+2",
+         f"--job-name={slurm_job_prefix(tmp_path)}_facts", "--wrap",
+         f"PYTHONPATH={ROOT / 'scripts'} {sys.executable} {job} {rank}"],
         capture_output=True, text=True, check=True).stdout.strip()
     deadline = time.time() + 120
     while job_state(jobid) not in ("COMPLETED", "FAILED") and time.time() < deadline:
         time.sleep(0.5)
     assert job_state(jobid) == "COMPLETED", out.read_text()
-    show = subprocess.run(["scontrol", "show", "job", jobid], capture_output=True, text=True,
-                          check=True).stdout
-    start = datetime.fromisoformat(re.search(r"StartTime=(\S+)", show)[1]).timestamp()
-    assert float(out.read_text().split()[-1]) == start + 7 * 60
+    show = fields(subprocess.run(["scontrol", "show", "job", jobid], capture_output=True,
+                                 text=True, check=True).stdout)
+    start, submit = (datetime.fromisoformat(show[k]).timestamp()
+                     for k in ("StartTime", "SubmitTime"))
+    end_time, queue_wait = map(float, out.read_text().split()[-2:])
+    assert end_time == start + 7 * 60
+    assert queue_wait == start - submit >= 2  # --begin=now+2 holds it 2 s at least
 
 
 def test_unknown_partition_is_one_clear_error(tmp_path):
@@ -337,6 +350,16 @@ def test_ctrl_c_cancels_the_running_segment_and_stops(tmp_path):
     assert len(jobs) == 2, jobs  # the environment record, this
 
 
+def retried_segments(workdir: Path) -> str:
+    """Each segment that took a second try, with the end of its first try's log."""
+    lines = []
+    for second in sorted((workdir / "results/logs/train").glob("*/segment-*.attempt2.log")):
+        first = second.with_name(second.name.replace("attempt2", "attempt1"))
+        tail = first.read_text().splitlines()[-3:] if first.exists() else ["(no log)"]
+        lines.append(f"{second.parent.name} {second.name}: " + " | ".join(tail))
+    return "segments tried again:\n" + "\n".join(lines)
+
+
 def test_pruned_runs_submit_no_further_jobs(tmp_path):
     """The pruning sweep through the profile: 8 runs, the better half goes on after
     segments 1 and 2, so 8 + 4 + 2 segment jobs, and no job for a pruned run's next
@@ -346,7 +369,7 @@ def test_pruned_runs_submit_no_further_jobs(tmp_path):
     per_run = {}
     for line in re.findall(r"rule_train_cpu_wildcards_(\S+?)_(\d+)\b", out.stdout + out.stderr):
         per_run.setdefault(line[0], set()).add(int(line[1]))
-    assert len(set(jobs["train_cpu"])) == 14
+    assert len(set(jobs["train_cpu"])) == 14, retried_segments(tmp_path)
     assert sorted(len(s) for s in per_run.values()) == [1, 1, 1, 1, 2, 2, 3, 3]
     import csv
 

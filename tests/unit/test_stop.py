@@ -15,8 +15,8 @@ class OneProcess:
 
 @pytest.fixture(autouse=True)
 def no_slurm_job(monkeypatch):
-    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
-    monkeypatch.delenv("SLURM_JOB_END_TIME", raising=False)
+    for name in ("SLURM_JOB_ID", "SLURM_JOB_END_TIME", "CIFARFLOW_SLURM_JOB_ID"):
+        monkeypatch.delenv(name, raising=False)
 
 
 @pytest.mark.parametrize("budget_s, margin_s, stops_after_s", [

@@ -10,14 +10,15 @@ import torch
 
 from .. import slurm, stop_signals
 from ..config import stop_after
+from ..job_env import job_fact
 
 
 def slurm_end_time() -> float | None:
-    """Absolute end of the Slurm job: SLURM_JOB_END_TIME, else ask squeue."""
+    """Absolute end of the Slurm job: SLURM_JOB_END_TIME (Slurm >= 23.02), else what the job
+    read when it started (job_env)."""
     if os.environ.get("SLURM_JOB_END_TIME", "").isdigit():
         return float(os.environ["SLURM_JOB_END_TIME"])
-    job = os.environ.get("SLURM_JOB_ID")
-    return slurm.job_end_time(job) if job else None
+    return job_fact("JOB_END_TIME", slurm.job_end_time)
 
 
 class RaisedFlags:

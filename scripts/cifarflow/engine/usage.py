@@ -4,11 +4,11 @@ in Slurm's queue, and how the try ended."""
 
 from __future__ import annotations
 
-import os
 import resource
 import socket
 
 from .. import slurm
+from ..job_env import job_fact
 
 
 def rank_usage() -> dict:
@@ -21,10 +21,10 @@ def rank_usage() -> dict:
             "peak_rss_mb": own.ru_maxrss / 1024}  # KiB on Linux
 
 
-def queue_wait_s(job_id: str | None = None) -> float | None:
-    """Seconds between the job's submission and its start (squeue %V, %S)."""
-    job_id = job_id or os.environ.get("SLURM_JOB_ID")
-    return slurm.job_queue_wait_s(job_id) if job_id else None
+def queue_wait_s() -> float | None:
+    """Seconds between the job's submission and its start, as the job read them when it
+    started (job_env)."""
+    return job_fact("QUEUE_WAIT_S", slurm.job_queue_wait_s)
 
 
 def ended_as(reason: str | None) -> str:
