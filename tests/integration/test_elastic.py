@@ -39,6 +39,7 @@ def test_a_run_goes_on_with_another_world_size_and_keeps_learning(cifar_dir, tmp
     assert row["resized"] == f"{before}->{after}@epoch2" and row["status"] == "ok"
 
 
+@pytest.mark.slow
 def test_another_world_size_without_the_flag_is_refused_with_the_way_out(cifar_dir, tmp_path):
     first = tmp_path / "segment-1"
     segment(cifar_dir, first, "ddp", 1, until=1)

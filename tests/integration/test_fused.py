@@ -114,6 +114,7 @@ def test_members_train_as_alone_each_with_its_own_hyperparameters(tmp_path, cifa
         assert f"[{run}]" in log and "epoch 2/2 loss" in log
 
 
+@pytest.mark.slow
 def test_batchnorm_members_keep_their_own_running_statistics(tmp_path, cifar_dir):
     """A user's model with BatchNorm: each member's running mean/var and batch count are
     its own, within tolerance of the member alone, in both fusions (vmap: grouped

@@ -9,6 +9,7 @@ from conftest import ROOT, assert_bit_identical, cli, metrics_of, snakemake, sta
 
 
 CONFIG = ROOT / "tests" / "configs" / "prune" / "config.yaml"
+pytestmark = pytest.mark.slow  # every test reads one 8-run sweep (40 s here)
 
 
 def last_test_acc(work, run, segment):
@@ -64,7 +65,6 @@ def test_the_winner_is_bit_identical_to_the_same_run_without_pruning(pruned_swee
                          state_of(tmp_path / "whole")["model"])
 
 
-@pytest.mark.slow
 def test_packed_pruning_trains_the_same_segments_as_unpacked(pruned_sweep, tmp_path):
     """The same sweep in packs of 4: a pack's segment job after a pruning point trains its
     survivors only, a pack without survivors submits nothing, and every run ends where it
@@ -90,7 +90,6 @@ def test_packed_pruning_trains_the_same_segments_as_unpacked(pruned_sweep, tmp_p
     assert sum(trained) == 8 + 4 + 2
 
 
-@pytest.mark.slow
 def test_without_pruning_a_pruned_run_resumes_to_the_end(pruned_sweep, tmp_path):
     """Last in this file: it trains the pruned sweep's runs on (the tests above read it)."""
     work, _, _ = pruned_sweep

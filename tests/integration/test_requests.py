@@ -55,6 +55,7 @@ def net():
 '''
 
 
+@pytest.mark.slow
 def test_an_error_to_fix_fails_once_and_its_retries_do_not_train(tmp_path):
     (tmp_path / "refusing.py").write_text(REFUSING_MODEL)
     config = tmp_path / "config.yaml"

@@ -164,6 +164,7 @@ def test_invalid_prune_settings_fail_in_the_dry_run_with_one_line(tmp_path, prun
     assert lines and lines[0].startswith("config error: "), out.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_a_new_strategy_is_one_new_file(tmp_path, local_run):
     """A copy of the project with one module added to strategies/ (the cpu strategy under
     another name) plans, trains and summarises it, with nothing else edited."""
@@ -197,6 +198,7 @@ def sweep_run(tmp_path_factory):
     return finished_run(tmp_path_factory, "sweep")
 
 
+@pytest.mark.slow
 def test_sweep_yields_one_row_per_combination(sweep_run):
     rows = read_summary(sweep_run / "results" / "summary.csv")
     assert sorted(r["run"] for r in rows) == ["cpu_bs100_cpus1", "cpu_bs100_cpus2",
@@ -212,6 +214,7 @@ def test_sweep_yields_one_row_per_combination(sweep_run):
     assert "best throughput per core" in advice
 
 
+@pytest.mark.slow
 def test_sweep_prints_its_progress(sweep_run):
     """progress_s: 1 (the test config): lines of the plan's runs and segments, while it
     trained, counts that only grow, the time left once a segment finished."""
@@ -223,6 +226,7 @@ def test_sweep_prints_its_progress(sweep_run):
     assert all(left for runs, segments, left in found if 0 < segments < 4)
 
 
+@pytest.mark.slow
 def test_make_run_ends_with_the_results_at_a_glance(sweep_run, tmp_path):
     """The Makefile's `run` recipe, as make runs it (with this venv's commands), on a real
     sweep's results: the table, best test accuracy first, and where everything else is."""
