@@ -36,6 +36,12 @@ def keep_slurm_job_values(environ=os.environ, end_time_of=slurm.job_end_time,
             environ[f"CIFARFLOW_SLURM_{name}"] = "" if value is None else repr(value)
 
 
+def job_id(environ=os.environ) -> str:
+    """This Slurm job's id, in a rank (srun sets it) or in a job command past the jobstep
+    (kept above); "" outside Slurm."""
+    return environ.get("SLURM_JOB_ID") or environ.get("CIFARFLOW_SLURM_JOB_ID", "")
+
+
 def job_fact(name: str, ask, environ=os.environ) -> float | None:
     """A number about this Slurm job (JOB_END_TIME, QUEUE_WAIT_S) that keep_slurm_job_values
     asked when the job started; ``ask(job_id)`` only where it did not (a command started by
@@ -45,7 +51,7 @@ def job_fact(name: str, ask, environ=os.environ) -> float | None:
     copy of its memory until it execs, where the site gathers memory per process
     (jobacct_gather/linux), and a busy node's sampler can catch it: a rank whose peak was
     722 MB was counted at 1,422 MB while its squeue started, and killed over its 1,000 MB."""
-    job = environ.get("SLURM_JOB_ID") or environ.get("CIFARFLOW_SLURM_JOB_ID")
+    job = job_id(environ)
     if not job:
         return None
     kept = f"CIFARFLOW_SLURM_{name}"

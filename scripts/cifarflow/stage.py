@@ -20,6 +20,7 @@ from pathlib import Path
 
 from .data import MANIFEST, DatasetError
 from .files import file_digest
+from .job_env import job_id
 
 STAGED = ".staged.json"  # written last, by the process that copied and verified the split
 
@@ -31,10 +32,6 @@ def node_local_dir(environ=os.environ) -> Path | None:
     return Path(value) if value else None
 
 
-def in_slurm_job(environ=os.environ) -> bool:
-    return bool(environ.get("SLURM_JOB_ID") or environ.get("CIFARFLOW_SLURM_JOB_ID"))
-
-
 def stage_split(batches: Path, mode: str, environ=os.environ, say=print) -> Path:
     """Where this process reads the split: node-local (``slurm_tmpdir``; ``auto`` where
     the job has a $SLURM_TMPDIR), or ``batches`` itself (``none``, or ``auto`` outside a
@@ -43,7 +40,7 @@ def stage_split(batches: Path, mode: str, environ=os.environ, say=print) -> Path
         return Path(batches)
     local = node_local_dir(environ)
     if local is None:
-        if mode == "slurm_tmpdir" and in_slurm_job(environ):
+        if mode == "slurm_tmpdir" and job_id(environ):
             raise DatasetError("data.stage slurm_tmpdir: this Slurm job has no SLURM_TMPDIR "
                                "(the cluster gives none): set data.stage to none")
         if mode == "slurm_tmpdir":

@@ -18,7 +18,8 @@ import time
 from pathlib import Path
 
 from . import slurm
-from .tries import INVOCATION, job_id, read
+from .job_env import job_id
+from .tries import INVOCATION, read
 
 WAIT_S = 600  # the longest a cancelled try may take to checkpoint and end
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from . import slurm
 from .files import read_jsonl
+from .job_env import job_id
 from .layout import attempt_logs_pattern
 
 TRIES = "tries.jsonl"
@@ -36,10 +37,6 @@ def this_rank() -> int:
         if os.environ.get(name):
             return int(os.environ[name])
     return 0
-
-
-def job_id() -> str:
-    return os.environ.get("SLURM_JOB_ID") or os.environ.get("CIFARFLOW_SLURM_JOB_ID", "")
 
 
 def record(run_dir, segment: int, attempt: int, event: str, **fields) -> None:
