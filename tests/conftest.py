@@ -77,6 +77,49 @@ def cli(*args, check=True, timeout=600, env=None, **kw) -> subprocess.CompletedP
     return out
 
 
+def probe_wheel(wheelhouse: Path, name: str = "cifarflow-probe", version: str = "0.1") -> Path:
+    """A small wheel of ours built into ``wheelhouse`` (`pip wheel`, offline), as a login
+    node fills a wheelhouse: the folder."""
+    src = wheelhouse.parent / f"src-{name}-{version}"
+    module = name.replace("-", "_")
+    (src / module).mkdir(parents=True, exist_ok=True)
+    (src / module / "__init__.py").write_text(f"VERSION = {version!r}\n")
+    (src / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n'
+        f'[project]\nname = "{name}"\nversion = "{version}"\n')
+    subprocess.run([PY, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                    "--no-index", "-w", str(wheelhouse), str(src)], check=True,
+                   capture_output=True)
+    return wheelhouse
+
+
+def build_wheelhouse(requirements: list[str], wheelhouse: Path) -> Path:
+    """A wheelhouse holding exactly these requirements (a complete closure, each pinned), as
+    a login node fills one: wheels this machine keeps on disk are linked (torch and its CUDA
+    libraries: GBs), the others fetched from the package registry (`pip download`)."""
+    wheelhouse.mkdir(parents=True, exist_ok=True)
+    listed = wheelhouse.parent / f"{wheelhouse.name}-requirements.txt"
+    listed.write_text("\n".join(requirements) + "\n")
+    report = wheelhouse.parent / f"{wheelhouse.name}-report.json"
+    subprocess.run([PY, "-m", "pip", "install", "-q", "--dry-run", "--ignore-installed",
+                    "--no-deps", "--report", str(report), "-r", str(listed)], check=True,
+                   capture_output=True, timeout=600)
+    fetch = []
+    for item in json.loads(report.read_text())["install"]:
+        url = item["download_info"]["url"]
+        if url.startswith("file://"):
+            local = Path(url.removeprefix("file://"))
+            if not (wheelhouse / local.name).exists():
+                (wheelhouse / local.name).symlink_to(local)
+        else:
+            meta = item["metadata"]
+            fetch.append(f"{meta['name']}=={meta['version']}")
+    if fetch:
+        subprocess.run([PY, "-m", "pip", "download", "-q", "--no-deps", "-d", str(wheelhouse),
+                        *fetch], check=True, capture_output=True, timeout=1200)
+    return wheelhouse
+
+
 DISTRIBUTED_KEYS = ("world_size", "nodes", "device", "backend", "lr_scaling")
 SEGMENT_KEYS = ("budget_s", "margin_s", "elastic")
 SPECS = Path(tempfile.mkdtemp(prefix="cifarflow-specs-"))

@@ -18,7 +18,7 @@ COLUMNS = ["run", "strategy", "device", "model", "batch_size", "world_size", "cp
            "pruned_at", "resized",
            "fallbacks", "cpu_efficiency", "mem_used_mb", "mem_requested_mb", "runtime_used_min",
            "runtime_requested_min", "mem_requested_last_mb", "runtime_requested_last_min",
-           "queue_wait_s", "last_ended", "try_ends", "advice"]
+           "queue_wait_s", "env_build_s", "last_ended", "try_ends", "advice"]
 MARGIN = 1.25  # what to request next time: the measured peak plus a quarter
 MAX_BARS, MAX_LEGEND = 50, 20  # plots of big sweeps stay readable
 DIVERGED = "diverged"  # the early-end reason of a fused member whose loss turned NaN/inf
@@ -121,6 +121,11 @@ def used_vs_requested(tries: list[dict], res: dict) -> dict:
     if last.get("requested_runtime_min"):
         out["runtime_requested_last_min"] = last["requested_runtime_min"]
     waits = [t["queue_wait_s"] for t in measured if t.get("queue_wait_s") is not None]
+    builds = [t for t in measured if t.get("env_build_s") is not None]
+    if builds:  # env.mode slurm_tmpdir: each try's job built its venv before training
+        out["env_build_s"] = sum(t["env_build_s"] for t in builds) / len(builds)
+        out["env_build_share"] = (sum(t["env_build_s"] for t in builds)
+                                  / sum(t["env_build_s"] + t["wall_s"] for t in builds))
     return {**out, "cpu_efficiency": sum(t["cpu_s"] for t in measured) / core_s if core_s else None,
             "mem_used_mb": max(t["peak_rss_mb"] for t in measured),
             "runtime_used_min": max(t["wall_s"] for t in measured) / 60,
@@ -152,6 +157,25 @@ def request_advice(df) -> list[str]:
             ask = max(5, int(-(-longest * 1.5 // 1)))
             tips.append(f"{strategy} ({n} run(s)): the longest segment took {longest:.1f} min of "
                         f"{runtime:g} requested: resources.runtime {ask} would queue sooner")
+    return tips
+
+
+ENV_BUILD_SHARE = 0.10  # a job venv built in more than this share of a segment job: advise
+
+
+def env_build_advice(df) -> list[str]:
+    """Per strategy: where building the job venv (env.mode slurm_tmpdir) takes more than
+    ENV_BUILD_SHARE of each segment job, the two ways to pay it less often."""
+    if "env_build_share" not in df:
+        return []
+    tips = []
+    for strategy, g in df.dropna(subset=["env_build_share"]).groupby("strategy"):
+        share = g.env_build_share.mean()
+        if share > ENV_BUILD_SHARE:
+            tips.append(f"{strategy} ({len(g)} run(s)): building the job venv took "
+                        f"{g.env_build_s.mean():.0f} s, {share:.0%} of each segment job: ask "
+                        "for fewer, longer segments (segments.count, resources.runtime) or use "
+                        "env.mode venv with a venv built once on a shared filesystem")
     return tips
 
 
@@ -225,6 +249,7 @@ def advice(df, cpu_info: dict | None = None) -> list[str]:
                             "share it with MPS replicas or use a CPU job", row.run))
     tips += bf16_advice(df, cpu_info)
     tips += request_advice(df)
+    tips += env_build_advice(df)
     tips += pruning_advice(df)
     tips += plateau_advice(df)
     for row in df[~df.status.isin([*FINISHED, "pruned"])].itertuples():

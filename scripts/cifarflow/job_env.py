@@ -60,21 +60,36 @@ def job_fact(name: str, ask, environ=os.environ) -> float | None:
     return ask(job)
 
 
-def prologue(env: dict, basedir: Path, nodes: int = 1) -> str:
+def pip_index_args(env: dict) -> list[str]:
+    """pip's index options of a job venv (config.env): the cluster's wheelhouse only
+    (--no-index; Alliance's pip config names it) and the user's own (--find-links)."""
+    args = ["--no-index"] if env["pip_no_index"] else []
+    return args + (["--find-links", env["find_links"]] if env["find_links"] else [])
+
+
+def prologue(env: dict, basedir: Path, requirements: Path, nodes: int = 1) -> str:
     """Shell lines (each ending in ``&& ``) that give a job its software, from config.env:
     the Alliance way is `module load`, a venv in $SLURM_TMPDIR and `pip install --no-index`
-    (on every node of a multi-node job, one task per node)."""
+    of ``requirements`` (on every node of a multi-node job, one task per node). The build's
+    wall time reaches the ranks as CIFARFLOW_ENV_BUILD_S (the segment's record)."""
     lines = [f"module load {' '.join(env['modules'])}"] if env["modules"] else []
     if env["mode"] == "slurm_tmpdir":
-        pip = ["--no-index"] if env["pip_no_index"] else []
-        pip += ["--find-links", env["find_links"]] if env["find_links"] else []
         build = shlex.join([str(Path(basedir) / "workflow/scripts/node_venv.sh"),
-                            str(Path(basedir) / env["requirements"]), *pip])
+                            str(requirements), *pip_index_args(env)])
         if nodes > 1:  # ranks find the venv at the same path everywhere
             build = (f"srun --kill-on-bad-exit=1 --nodes={nodes} --ntasks={nodes} "
                      f"--ntasks-per-node=1 --cpus-per-task=1 {build}")
         lines += ['export JOB_VENV="${CIFARFLOW_SLURM_TMPDIR:-${TMPDIR:-/tmp}/cifarflow.$SLURM_JOB_ID}/env"',
-                  build, 'source "$JOB_VENV/bin/activate"']
+                  "build_start=$SECONDS", build,
+                  "export CIFARFLOW_ENV_BUILD_S=$((SECONDS - build_start))",
+                  'source "$JOB_VENV/bin/activate"']
     elif env["mode"] == "venv":
         lines += [f"source {shlex.quote(env['venv'])}/bin/activate"]
     return "".join(f"{line} && " for line in lines)
+
+
+def env_build_s(environ=os.environ) -> float | None:
+    """Seconds this job spent building its venv before the training started (the prologue
+    of env.mode slurm_tmpdir; the nodes build at once), None where it built none."""
+    value = environ.get("CIFARFLOW_ENV_BUILD_S", "")
+    return float(value) if value else None

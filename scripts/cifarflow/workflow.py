@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 from .chain import Chain
-from .job_env import prologue
+from .job_env import pip_index_args, prologue
 from .layout import RunPaths, pack_marker, segment_number, try_args
 from .config import data_identity
 from .gpu_monitor import visible_gpus
@@ -36,6 +36,9 @@ from .strategies import get_strategy
 from .strategies.base import gpu_request
 from .strategies.ddp import too_few_gpus
 from .tries import INVOCATION, out_of_memory_count
+from .wheelhouse import (CHECKS, JOB_REQUIREMENTS, TRAINING_STACK, WheelhouseError,
+                         check_wheelhouse, installed_closure, job_requirements,
+                         write_if_changed)
 
 
 class PlanError(Exception):
@@ -263,6 +266,7 @@ class WorkflowPlan:
         self.batches = f"{self.data_dir}/cifar-10-batches-py"
         self.data_id = data_identity(config["data"])  # what shaped the data: its source
         self.env = config["env"]
+        self.job_requirements = self.job_requirements_file()
         self.python = sys.executable if self.env["mode"] == "current" else "python"
         # where snakemake runs (the local rules), and in jobs under env.mode current
         self.cifarflow = installed_command(scripts_dir or sysconfig.get_path("scripts"),
@@ -313,6 +317,7 @@ class WorkflowPlan:
             raise self.error(f"config error: {exc}")
         self.write_specs()
         self.announce()
+        self.prepare_job_venvs()
         self.check_against_cluster()
         self.check_local_gpus(environ=environ)
         self.pending_watch = PendingWatch(workdir, self.log.warning,
@@ -439,7 +444,44 @@ class WorkflowPlan:
 
     def env_prologue(self, nodes: int = 1) -> str:
         """What gives a job its software (config.env): cifarflow/job_env.py."""
-        return prologue(self.env, self.basedir, nodes)
+        return prologue(self.env, self.basedir, self.job_requirements, nodes)
+
+    def job_requirements_file(self) -> Path:
+        """What a job venv installs (env.mode slurm_tmpdir): the user's env.requirements
+        (relative to the workflow), else the one prepare_job_venvs derives in results/."""
+        if self.env["requirements"]:
+            return self.basedir / self.env["requirements"]
+        return Path(self.results, JOB_REQUIREMENTS).absolute()
+
+    def prepare_job_venvs(self, installed=installed_closure, check=check_wheelhouse) -> None:
+        """env.mode slurm_tmpdir, in the main process: write the job requirements (the login
+        node's own versions of the training stack, unless the user names a file) and, with
+        env.check_wheelhouse, refuse the plan here if the wheelhouse cannot give them: one
+        pip dry run per new requirements digest, before any job is queued."""
+        if self.env["mode"] != "slurm_tmpdir":
+            return
+        if not self.env["requirements"]:
+            closure = installed(TRAINING_STACK)
+            absent = [name for name in TRAINING_STACK if name not in closure]
+            if absent:
+                raise self.error(f"env.mode slurm_tmpdir: the job venvs install the training "
+                                 f"stack at this venv's versions, but {', '.join(absent)} "
+                                 "is not installed here: pip install -r requirements.txt")
+            if write_if_changed(self.job_requirements, job_requirements(closure)):
+                self.log.info(f"job venvs install {len(closure)} distributions at this venv's "
+                              f"versions: {self.job_requirements}")
+        elif not self.job_requirements.is_file():
+            raise self.error(f"env.requirements: {self.job_requirements} does not exist")
+        if not self.env["check_wheelhouse"]:
+            return
+        index = pip_index_args(self.env)
+        try:
+            asked = check(self.job_requirements, index, Path(self.results, CHECKS))
+        except WheelhouseError as exc:
+            raise self.error(str(exc))
+        if asked:
+            self.log.info(f"the wheelhouse ({' '.join(index) or 'pip configuration'}) holds "
+                          f"every job requirement (pip install --dry-run)")
 
     def env_gpu_request(self) -> dict:
         """One GPU of the kind the runs train on, for the environment check; {} if none does."""

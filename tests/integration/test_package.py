@@ -17,8 +17,9 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from conftest import ENV, PY, ROOT, snakemake, spec
+from conftest import ENV, PY, ROOT, build_wheelhouse, snakemake, spec
 from cifarflow.job_env import job_fact, keep_slurm_job_values, put_engine_first
+from cifarflow.wheelhouse import TRAINING_STACK, installed_closure
 
 SUBCOMMANDS = ("fetch-data", "extract-data", "train", "record-env", "aggregate", "show",
                "launch", "mps-run")
@@ -26,12 +27,13 @@ SUBCOMMANDS = ("fetch-data", "extract-data", "train", "record-env", "aggregate",
 
 def project_copy(tmp_path: Path) -> Path:
     """What a clone holds of what the install reads: pyproject.toml, README.md (the long
-    description), the package, and the schema the package reads at run time."""
+    description), requirements.txt (the dependencies), the package, and the schema the
+    package reads at run time."""
     project = tmp_path / "project"
     shutil.copytree(ROOT / "scripts", project / "scripts",
                     ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     shutil.copytree(ROOT / "workflow" / "schemas", project / "workflow" / "schemas")
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "requirements.txt"):
         shutil.copy(ROOT / name, project / name)
     return project
 
@@ -71,7 +73,7 @@ def test_offline_editable_install_gives_the_command(tmp_path):
     assert (tmp_path / "data/cifar-10-python.tar.gz").stat().st_size > 0
 
 
-def test_wheel_holds_every_module_the_command_and_pinned_dependencies(tmp_path):
+def test_wheel_holds_every_module_the_command_and_the_ranges_constraints_pin(tmp_path):
     project = project_copy(tmp_path)
     run([sys.executable, "-m", "pip", "wheel", "-q", "--no-index", "--no-deps",
          "--no-build-isolation", "-w", tmp_path / "wheels", project])
@@ -87,16 +89,18 @@ def test_wheel_holds_every_module_the_command_and_pinned_dependencies(tmp_path):
     assert "cifarflow/strategies/base.py" in modules  # discovered at run time: must be there
     assert "[console_scripts]\ncifarflow = cifarflow.cli:main" in entry_points
 
-    # every dependency is pinned in requirements.txt, at a version it accepts
-    pins = pinned(ROOT / "requirements.txt")
+    # the dependencies are requirements.txt's ranges; constraints.txt pins each at a
+    # version the range accepts, the one installed here
     requires = [Requirement(line.split(":", 1)[1]) for line in metadata.splitlines()
                 if line.startswith("Requires-Dist:")]
-    assert requires
+    assert sorted(map(str, requires)) == sorted(map(str, requirements_in(ROOT / "requirements.txt")))
+    pins = pinned(ROOT / "constraints.txt")
     for req in requires:
         pin = pins.get(canonicalize_name(req.name))
-        assert pin, f"{req.name} is a dependency but requirements.txt does not pin it"
+        assert pin, f"{req.name} is a dependency but constraints.txt does not pin it"
         assert req.specifier.contains(pin, prereleases=True), f"{req} excludes {pin}"
         assert version(req.name) == pin, f"{req.name}: installed {version(req.name)}"
+    assert set(pins) == {canonicalize_name(r.name) for r in requires}  # and nothing else
 
     target = tmp_path / "site"
     run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target",
@@ -208,30 +212,6 @@ def pinned(requirements: Path) -> dict:
             for r in requirements_in(requirements)}
 
 
-def installed_closure(requirements) -> dict:
-    """name -> Distribution of these installed requirements (names or Requirements, their
-    extras followed) and everything they require here, markers evaluated."""
-    from importlib.metadata import PackageNotFoundError, distribution
-
-    todo, found = [Requirement(str(r)) for r in requirements], {}
-    while todo:
-        wanted = todo.pop()
-        name = canonicalize_name(wanted.name)
-        key = (name, tuple(sorted(wanted.extras)))
-        if key in found:
-            continue
-        try:
-            found[key] = dist = distribution(name)
-        except PackageNotFoundError:
-            continue
-        for line in dist.requires or []:
-            req = Requirement(line)
-            if req.marker is None or any(req.marker.evaluate({"extra": extra})
-                                         for extra in ("", *wanted.extras)):
-                todo.append(req)
-    return {name: dist for (name, _), dist in found.items()}
-
-
 def venv_of(dists: dict, path: Path) -> Path:
     """A venv holding exactly these distributions, linked from this venv, with their
     console scripts (what pip writes into bin/); its python."""
@@ -254,12 +234,12 @@ def venv_of(dists: dict, path: Path) -> Path:
 
 
 @pytest.mark.slow  # builds a venv: about 15 s
-def test_a_job_venv_needs_requirements_train_only(tmp_path, cifar_dir):
-    """env.mode slurm_tmpdir installs requirements-train.txt alone in each job. A venv
-    holding exactly that (its distributions and what they require, linked from this venv;
-    the engine from PYTHONPATH, as in the jobs) runs a segment with TensorBoard, a
-    Lightning segment and the environment record."""
-    dists = installed_closure(pinned(ROOT / "requirements-train.txt"))
+def test_a_job_venv_needs_the_training_stack_only(tmp_path, cifar_dir):
+    """env.mode slurm_tmpdir installs the training stack alone in each job (at this venv's
+    versions: cifarflow/wheelhouse.py). A venv holding exactly that (its distributions and
+    what they require, linked from this venv; the engine from PYTHONPATH, as in the jobs)
+    runs a segment with TensorBoard, a Lightning segment and the environment record."""
+    dists = installed_closure(TRAINING_STACK)
     assert not {"snakemake", "pandas", "matplotlib", "pytest", "tabulate"} & set(dists)
     python = venv_of(dists, tmp_path / "job-venv")
     probe = subprocess.run([python, "-c", "import torch, lightning; import pandas"], env=ENV,
@@ -296,10 +276,11 @@ def test_requirements_closure_holds_what_the_readme_commands_import():
 
 @pytest.mark.slow
 def test_every_readme_command_runs_in_an_environment_of_requirements_txt_alone(tmp_path):
-    """A venv holding exactly the closure of requirements.txt (linked from this venv: a
-    fresh install would fetch ~5 GB of torch and CUDA wheels) plus this project installed
-    as `make run` does (`pip install --no-deps -e`), activated: the README's everyday
-    commands, a local run of the test config included, all succeed there."""
+    """A venv holding exactly the closure of requirements.txt at this machine's versions
+    (linked from this venv: a fresh install would fetch ~5 GB of torch and CUDA wheels)
+    plus this project installed as `make run` does (`pip install --no-deps -e`),
+    activated: the README's everyday commands, a local run of the test config included,
+    all succeed there."""
     python = venv_of(installed_closure(requirements_in(ROOT / "requirements.txt")),
                      tmp_path / "venv")
     assert subprocess.run([python, "-c", "import pytest"], capture_output=True).returncode != 0
@@ -318,3 +299,54 @@ def test_every_readme_command_runs_in_an_environment_of_requirements_txt_alone(t
     assert (work / "results/report.html").stat().st_size > 10_000
     run([*smk, "--cores", "1", "summarize_partial"], env=env, timeout=300)
     assert "--logdir" in run(["tensorboard", "--help"], env=env).stdout
+
+
+# releases other than constraints.txt's, as a site's wheelhouse carries its own
+OTHER_RELEASES = {"pyyaml": "6.0.3", "numpy": "2.4.5", "tabulate": "0.9.0"}  # the Slurm
+# plugin 2.8.0 asks pyyaml >= 6.0.3 and numpy >= 2.4.5
+ONLY_THE_WHEELHOUSE = {"PIP_CONFIG_FILE": os.devnull, "PIP_FIND_LINKS": ""}
+
+
+def is_cuda_stack(name: str) -> bool:
+    """torch, torchvision and the CUDA libraries they bring: ~5.5 GB once installed."""
+    return name in ("torch", "torchvision", "triton") or name.startswith(("nvidia-", "cuda-"))
+
+
+@pytest.mark.slow  # fetches ~60 MB of wheels from the registry (or pip's cache)
+def test_the_cluster_recipe_resolves_against_a_wheelhouse_of_other_releases(tmp_path):
+    """docs/slurm.md's login-node install, `pip install --no-index --upgrade pip`,
+    `pip install --no-index -r requirements.txt` and `pip install --no-index --no-deps -e .`, with --find-links to a wheelhouse made here
+    whose pyyaml, numpy and tabulate are other releases than constraints.txt's, and pip's
+    configuration out of the way: requirements.txt's ranges resolve to what the wheelhouse
+    holds, `snakemake -n` plans, and the job venvs (env.mode slurm_tmpdir) ask for the
+    wheelhouse's releases, which the plan's wheelhouse check accepts. torch, torchvision and
+    their CUDA libraries are linked into the new venv from this one first (5.5 GB installed;
+    the Slurm test of slurm_tmpdir installs them from a wheelhouse for real)."""
+    closure = installed_closure(requirements_in(ROOT / "requirements.txt"))
+    wanted = {name: OTHER_RELEASES.get(name, dist.version) for name, dist in closure.items()}
+    wanted["setuptools"] = version("setuptools")  # pip's build isolation builds the project
+    wanted["pip"] = version("pip")  # the recipe's first step upgrades the venv's own
+    wheelhouse = build_wheelhouse([f"{n}=={v}" for n, v in sorted(wanted.items())],
+                                  tmp_path / "wheelhouse")
+    python = venv_of({n: d for n, d in closure.items() if is_cuda_stack(n)}, tmp_path / "venv")
+    pip = [sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-index",
+           "--find-links", wheelhouse]
+    run([*pip, "--upgrade", "pip"], env=ONLY_THE_WHEELHOUSE)
+    run([*pip, "-r", ROOT / "requirements.txt"], env=ONLY_THE_WHEELHOUSE, timeout=600)
+    run([*pip, "--no-deps", "-e", project_copy(tmp_path)], env=ONLY_THE_WHEELHOUSE)
+    got = run([python, "-c", "from importlib.metadata import version as v; "
+               "print(*(v(n) for n in ('pyyaml', 'numpy', 'tabulate')))"]).stdout.split()
+    assert got == list(OTHER_RELEASES.values())
+
+    bin_dir = python.parent
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "VIRTUAL_ENV": str(python.parent.parent),
+           **ONLY_THE_WHEELHOUSE}
+    job_venvs = tmp_path / "job_venvs.yaml"
+    job_venvs.write_text(f"env: {{mode: slurm_tmpdir, find_links: {wheelhouse}}}\n")
+    work = tmp_path / "work"
+    out = run(["snakemake", "-s", ROOT / "Snakefile", "--directory", work, "-n", "--configfile",
+               ROOT / "tests/configs/local/config.yaml", job_venvs], env=env, timeout=300)
+    assert "holds every job requirement" in out.stdout + out.stderr
+    pins = (work / "results/environment/job-requirements.txt").read_text()
+    assert "\nnumpy==2.4.5\n" in pins and "\npyyaml==6.0.3\n" in pins
+    assert "tabulate" not in pins  # the login node's, not the training's

@@ -9,12 +9,13 @@ import signal
 import subprocess
 import time
 from html.parser import HTMLParser
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
 
-from conftest import (ENV, PY, ROOT, assert_bit_identical, metrics_of, process_tree, snakemake,
-                      state_of, train_until_saved, training_spec)
+from conftest import (ENV, PY, ROOT, assert_bit_identical, metrics_of, probe_wheel, process_tree,
+                      snakemake, state_of, train_until_saved, training_spec)
 from cifarflow import checkpoint as ckpt
 
 CONFIGS = ROOT / "tests" / "configs"
@@ -421,23 +422,60 @@ def test_second_workflow_in_the_same_directory_is_refused(tmp_path):
 
 
 def test_alliance_environment_prologue(tmp_path):
-    out = snakemake(tmp_path, "-n", "-p", configfile=CONFIGS / "local" / "config.yaml",
-                    config=["env={'mode': 'slurm_tmpdir', 'modules': ['python/3.11']}"])
+    """env.mode slurm_tmpdir: the job venv installs this venv's own versions of the training
+    stack (written at plan time, a dry run included) on every node of the job, and the
+    prologue hands its build time to the training."""
+    one_node = tmp_path / "one_node.yaml"
+    one_node.write_text("env: {mode: slurm_tmpdir, modules: [python/3.11], check_wheelhouse: false}\n")
+    out = snakemake(tmp_path, "-n", "-p", configfile=[CONFIGS / "local" / "config.yaml", one_node])
     train = next(l for l in out.stdout.splitlines() if "cifarflow train" in l)
     assert train.index("module load python/3.11") < train.index("node_venv.sh")
     # SLURM_TMPDIR as the job had it before the jobstep dropped SLURM_* (empty here)
     assert 'JOB_VENV="${CIFARFLOW_SLURM_TMPDIR:-' in train
-    assert re.search(r"node_venv.sh \S*/requirements-train.txt --no-index && source", train)
+    derived = tmp_path / "results/environment/job-requirements.txt"
+    assert re.search(rf"build_start=\$SECONDS && \S*node_venv.sh {derived} --no-index && "
+                     r"export CIFARFLOW_ENV_BUILD_S=\$\(\(SECONDS - build_start\)\) && source",
+                     train), train
+    pins = derived.read_text()
+    for name in ("torch", "torchvision", "lightning", "numpy", "pyyaml", "tensorboard"):
+        assert f"\n{name}=={version(name)}\n" in pins, name  # this venv's, exactly
+    assert "snakemake" not in pins and "pandas" not in pins
     assert "srun" not in train.split("python -m cifarflow train")[0]  # one node: built in place
     two_nodes = tmp_path / "two_nodes.yaml"
     two_nodes.write_text("strategies: [ddp]\ndistributed: {world_size: 2, nodes: 2}\n"
-                         "env: {mode: slurm_tmpdir, find_links: /wheels}\n")
+                         "env: {mode: slurm_tmpdir, find_links: /wheels, check_wheelhouse: false}\n")
     out = snakemake(tmp_path, "-n", "-p", configfile=[CONFIGS / "local" / "config.yaml", two_nodes])
     train = next(l for l in out.stdout.splitlines() if "cifarflow train" in l)
     # every node of the job builds its own copy before the ranks start
     assert re.search(r"srun --kill-on-bad-exit=1 --nodes=2 --ntasks=2 --ntasks-per-node=1 "
-                     r"--cpus-per-task=1 \S*node_venv.sh \S*/requirements-train.txt --no-index "
-                     r"--find-links /wheels && source", train), train
+                     rf"--cpus-per-task=1 \S*node_venv.sh {derived} --no-index "
+                     r"--find-links /wheels && export", train), train
+
+
+def test_a_dry_run_refuses_job_requirements_the_wheelhouse_lacks(tmp_path):
+    """The wheelhouse check at `snakemake -n`: pip's resolver, without installing, against
+    the jobs' index options; a version the wheelhouse lacks is named with those it has, and
+    an accepted plan is not checked again."""
+    wheels = probe_wheel(tmp_path / "wheels", version="0.1")
+    probe_wheel(wheels, version="0.2")
+    requirements = tmp_path / "job-requirements.txt"
+    requirements.write_text("cifarflow-probe==0.3\n")
+    env_config = (f"env={{'mode': 'slurm_tmpdir', 'requirements': '{requirements}', "
+                  f"'find_links': '{wheels}'}}")
+    only_the_wheelhouse = {"PIP_CONFIG_FILE": os.devnull, "PIP_FIND_LINKS": ""}
+    refused = snakemake(tmp_path, "-n", configfile=CONFIGS / "local" / "config.yaml",
+                        config=[env_config], check=False, env=only_the_wheelhouse)
+    text = refused.stdout + refused.stderr
+    assert refused.returncode != 0
+    assert "cifarflow-probe==0.3 (the wheelhouse has 0.1, 0.2)" in text, text[-3000:]
+    assert "No job was queued" in text
+    requirements.write_text("cifarflow-probe==0.2\n")
+    planned = snakemake(tmp_path, "-n", configfile=CONFIGS / "local" / "config.yaml",
+                        config=[env_config], env=only_the_wheelhouse)
+    assert "holds every job requirement" in planned.stdout + planned.stderr
+    again = snakemake(tmp_path, "-n", configfile=CONFIGS / "local" / "config.yaml",
+                      config=[env_config], env=only_the_wheelhouse)
+    assert "holds every job requirement" not in again.stdout + again.stderr  # kept
 
 
 @pytest.mark.slow

@@ -2,7 +2,8 @@
 # A Slurm cluster on this one machine, for tests and CI: the node of this host (partitions
 # debug, the default, which urgent preempts) and two more nodes, n1 and n2 (partition multi),
 # each a slurmd in its own network, UTS and mount namespace: its own address on a bridge,
-# its own hostname and its own node-local /localscratch (a tmpfs), as on a real cluster.
+# its own hostname and its own node-local /localscratch (a folder of its own), as on a
+# real cluster.
 # A task prolog sets SLURM_TMPDIR=/localscratch/<user>.<job>.0 as on Alliance clusters.
 # n1 and n2 also advertise 2 fake GPUs each (gres on character devices this script makes),
 # for tests of what GPU jobs request; nothing here has CUDA.
@@ -28,6 +29,7 @@ SLURMD_SPOOL=/var/spool/slurmd
 RUN_DIR=/run/slurm
 CTLD_PID=$RUN_DIR/slurmctld.pid
 SCRATCH=/localscratch
+NODE_SCRATCH=/var/tmp/cifarflow-localscratch  # the namespaced nodes' /localscratch, one folder each
 # the namespaced nodes: name -> address on the bridge (the controller is .1)
 BRIDGE=cfbr0
 NET=10.77.0
@@ -308,8 +310,12 @@ start_slurmd() { # node
     else
         # own hostname (UTS) and own /localscratch (mount namespace). Not `ip netns exec`:
         # it remounts /sys and hides the cgroup mount slurmd needs.
+        # /localscratch is a folder on this host's disk (a job venv of the real training
+        # stack is ~5.5 GB per node: more than a tmpfs should take of this machine's memory),
+        # emptied whenever the node starts, as a reboot empties a node's local disk
+        rm -rf "$NODE_SCRATCH/$n" && install -d -m 1777 "$NODE_SCRATCH/$n"
         nsenter --net="/run/netns/$(netns_of "$n")" unshare --uts --mount --propagation private \
-            sh -c "hostname $n && mount -t tmpfs -o size=4g tmpfs $SCRATCH && exec /usr/sbin/slurmd" \
+            sh -c "hostname $n && mount --bind $NODE_SCRATCH/$n $SCRATCH && exec /usr/sbin/slurmd" \
             || fail "slurmd of $n failed to start"
     fi
 }

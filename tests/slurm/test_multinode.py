@@ -4,15 +4,18 @@ and node-local /localscratch. Everything goes through --profile profiles/slurm."
 
 import csv
 import json
+import os
 import re
 import subprocess
 import time
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
 
-from conftest import PY, ROOT, assert_bit_identical, cli, metrics_of, state_of
-from conftest import slurm_job_prefix, slurm_jobs, summary_rows, train_until_saved
+from conftest import PY, ROOT, assert_bit_identical, build_wheelhouse, cli, metrics_of, state_of
+from conftest import probe_wheel, slurm_job_prefix, slurm_jobs, summary_rows, train_until_saved
+from cifarflow.wheelhouse import TRAINING_STACK, installed_closure, job_requirements
 from test_slurm import CONFIG, job_state, slurm, start_slurm, submitted, training_processes
 
 pytestmark = pytest.mark.slurm
@@ -75,7 +78,7 @@ def test_each_segment_job_spans_two_nodes(one_rank_per_node):
 
 def test_every_node_of_a_job_trains_on_its_own_staged_copy(one_rank_per_node):
     """data.stage auto: in every segment job, each node copies the split once into its own
-    node-local /localscratch (a tmpfs per node, cluster.sh), md5-verified, and its rank
+    node-local /localscratch (a folder per node, cluster.sh), md5-verified, and its rank
     reads it from there."""
     work, text = one_rank_per_node
     jobs = set(train_jobs(text))
@@ -125,36 +128,34 @@ def test_four_ranks_on_two_nodes(tmp_path):
         ["n1", "n1", "n2", "n2"]
 
 
-def make_wheelhouse(root: Path) -> Path:
-    """A wheelhouse as on a login node (`pip wheel`), with one small package of ours."""
-    src = root / "probe"
-    (src / "cifarflow_probe").mkdir(parents=True)
-    (src / "cifarflow_probe" / "__init__.py").write_text("VERSION = '0.1'\n")
-    (src / "pyproject.toml").write_text(
-        '[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n'
-        '[project]\nname = "cifarflow-probe"\nversion = "0.1"\n')
-    wheels = root / "wheelhouse"
-    subprocess.run([PY, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                    "--no-index", "-w", str(wheels), str(src)], check=True)
-    return wheels
+# The jobs see the wheelhouse alone, like an Alliance compute node: none of this machine's
+# pip configuration (its package indexes, its folder of wheels)
+ONLY_THE_WHEELHOUSE = {"PIP_CONFIG_FILE": os.devnull, "PIP_FIND_LINKS": "", "PYTHONPATH": ""}
 
 
-def test_slurm_tmpdir_venv_is_built_on_every_node(tmp_path):
-    """env.mode slurm_tmpdir: each node of the job builds its own venv in its node-local
-    SLURM_TMPDIR from the wheelhouse (--no-index --find-links), before the ranks start; the
-    ranks run that venv's Python. The new venvs hold only the small wheel: the project's
-    packages (torch) come from the project venv through PYTHONPATH."""
-    wheels = make_wheelhouse(tmp_path)
-    (tmp_path / "requirements.txt").write_text("cifarflow-probe==0.1\n")
+@pytest.mark.slow  # each node installs the real stack (~5.5 GB: torch and its CUDA libraries)
+def test_slurm_tmpdir_builds_the_real_training_stack_on_every_node(tmp_path):
+    """env.mode slurm_tmpdir, the requirements derived from this venv (the training stack at
+    its versions): the plan checks the wheelhouse, then each node of a two-node ddp job
+    builds its own venv in its node-local SLURM_TMPDIR from the wheelhouse alone
+    (--no-index --find-links: torch, torchvision, lightning and all they need), and the
+    ranks train with that venv's Python. The build time reaches summary.csv."""
+    plan = tmp_path / "plan"
     extra = multi_config(tmp_path, strategies=["ddp"], segments={"count": 1},
                          distributed={"world_size": 2, "nodes": 2},
-                         env={"mode": "slurm_tmpdir", "requirements": str(tmp_path / "requirements.txt"),
-                              "find_links": str(wheels), "pip_no_index": True})
-    site = subprocess.run([PY, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          capture_output=True, text=True, check=True).stdout.strip()
-    out = slurm(tmp_path, configfile=[CONFIG, extra],
-                env={"PYTHONPATH": f"{ROOT / 'scripts'}:{site}"})
-    jobid = next(j for j in train_jobs(out.stdout + out.stderr))
+                         resources={"cpus_per_task": 1, "mem_mb": 3000, "runtime": 30},
+                         env={"mode": "slurm_tmpdir", "pip_no_index": True,
+                              "find_links": str(tmp_path / "wheelhouse")})
+    # what the plan will ask for, at this venv's versions: the wheelhouse holds exactly that
+    required = [line for line in job_requirements(installed_closure(TRAINING_STACK))
+                .splitlines() if not line.startswith("#")]
+    build_wheelhouse(required, tmp_path / "wheelhouse")
+    t0 = time.time()
+    out = slurm(tmp_path, configfile=[CONFIG, extra], env=ONLY_THE_WHEELHOUSE, timeout=2400)
+    print(f"two-node ddp with a job venv of the real stack: {time.time() - t0:.0f} s")
+    text = out.stdout + out.stderr
+    assert "holds every job requirement" in text
+    jobid = next(j for j in train_jobs(text))
     venv = f"/localscratch/root.{jobid}.0/env"
     log = (tmp_path / "results/logs/train/ddp/segment-1.log").read_text()
     for node in NODES:
@@ -162,7 +163,27 @@ def test_slurm_tmpdir_venv_is_built_on_every_node(tmp_path):
     assert f"ranks: 0 on n1 (python {venv}), 1 on n2 (python {venv})" in log
     assert not Path(venv).exists()  # node-local: never on this host (and removed at job end)
     freeze = (tmp_path / "results/environment/pip-freeze.txt").read_text()
-    assert "cifarflow-probe==0.1" in freeze  # the environment record ran in such a venv too
+    assert f"torch=={version('torch')}" in freeze  # the environment record ran in one too
+    assert "snakemake" not in freeze and "pandas" not in freeze
+    row = summary_rows(tmp_path)["ddp"]
+    assert row["status"] == "ok" and float(row["env_build_s"]) >= 1, row
+
+
+def test_a_plan_the_wheelhouse_cannot_build_submits_nothing(tmp_path):
+    """The wheelhouse check refuses the plan before the first sbatch: a requirement at a
+    version the wheelhouse lacks is named with the versions it has; no job is queued."""
+    wheels = probe_wheel(tmp_path / "wheelhouse", version="0.1")
+    (tmp_path / "requirements.txt").write_text("cifarflow-probe==0.2\n")
+    extra = multi_config(tmp_path, strategies=["ddp"], segments={"count": 1},
+                         distributed={"world_size": 2, "nodes": 2},
+                         env={"mode": "slurm_tmpdir", "requirements": str(tmp_path / "requirements.txt"),
+                              "find_links": str(wheels), "pip_no_index": True})
+    out = slurm(tmp_path, configfile=[CONFIG, extra], env=ONLY_THE_WHEELHOUSE, check=False)
+    text = out.stdout + out.stderr
+    assert out.returncode != 0
+    assert "cifarflow-probe==0.2 (the wheelhouse has 0.1)" in text, text[-3000:]
+    assert "sbatch call" not in text
+    assert slurm_jobs(slurm_job_prefix(tmp_path)) == {}
 
 
 def test_node_failure_reruns_the_segment_on_the_other_node_and_resumes_exactly(tmp_path):

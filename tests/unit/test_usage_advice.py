@@ -3,7 +3,7 @@
 import pandas as pd
 import pytest
 
-from cifarflow.aggregate import bf16_advice, request_advice, used_vs_requested
+from cifarflow.aggregate import bf16_advice, env_build_advice, request_advice, used_vs_requested
 from cifarflow.engine.usage import ended_as, segment_usage
 
 RANKS = [{"host": "n1", "cpu_s": 50.0, "peak_rss_mb": 400.0},
@@ -40,6 +40,27 @@ def test_a_run_that_uses_what_it_asked_for_gets_no_advice():
     tries = [segment_usage(RANKS[:1], 1700.0, 1, "time budget")]
     row = used_vs_requested(tries, {"cpus_per_task": 1, "mem_mb": 450, "runtime": 30})
     assert request_advice(pd.DataFrame([{"strategy": "cpu", "cpus_per_task": 1, **row}])) == []
+
+
+def test_the_job_venv_build_time_is_recorded_per_try_and_advised_on_past_a_tenth(monkeypatch):
+    monkeypatch.setenv("CIFARFLOW_ENV_BUILD_S", "90")  # what the prologue exports
+    slow = [segment_usage(RANKS[:1], 300.0, 1, None), segment_usage(RANKS[:1], 500.0, 1, None)]
+    assert slow[0]["env_build_s"] == 90
+    monkeypatch.setenv("CIFARFLOW_ENV_BUILD_S", "5")
+    fast = [segment_usage(RANKS[:1], 300.0, 1, None)]
+    monkeypatch.delenv("CIFARFLOW_ENV_BUILD_S")
+    plain = [segment_usage(RANKS[:1], 300.0, 1, None)]
+    assert plain[0]["env_build_s"] is None  # env.mode current, venv: nothing was built
+    res = {"cpus_per_task": 1, "mem_mb": 500, "runtime": 30}
+    rows = [{"strategy": s, **used_vs_requested(t, res)}
+            for s, t in (("ddp", slow), ("cpu", fast), ("gpu", plain))]
+    assert rows[0]["env_build_s"] == 90 and rows[0]["env_build_share"] == pytest.approx(180 / 980)
+    assert "env_build_s" not in rows[2]
+    assert env_build_advice(pd.DataFrame(rows)) == [
+        "ddp (1 run(s)): building the job venv took 90 s, 18% of each segment job: ask for "
+        "fewer, longer segments (segments.count, resources.runtime) or use env.mode venv with "
+        "a venv built once on a shared filesystem"]  # cpu's 5 s of 305 s: nothing to say
+    assert env_build_advice(pd.DataFrame([rows[2]])) == []
 
 
 def bf16_rows(*runs) -> pd.DataFrame:

@@ -17,6 +17,7 @@ import yaml
 
 from conftest import ROOT
 from cifarflow import tries
+from cifarflow.wheelhouse import WheelhouseError
 from cifarflow.cli import parser
 from cifarflow.config import with_defaults
 from cifarflow.layout import (RunPaths, attempt_log_name, attempt_logs_pattern, attempt_number,
@@ -415,3 +416,38 @@ def test_a_new_world_size_keeps_the_finished_segments_only_when_elastic(tmp_path
         assert spec.stat().st_mtime_ns > old
         assert said == ["run ddp: world size 1 -> 2: the run is trained again from its first "
                         "segment (segments.elastic: true would go on from the finished ones)"]
+
+
+def test_job_venvs_install_this_venvs_training_stack_or_the_users_file(tmp_path, bin_dir):
+    """env.mode slurm_tmpdir: the plan writes the job requirements (once: an unchanged file
+    keeps its time stamp) and hands the wheelhouse check the jobs' index options; a refusal
+    is a plan error; a named file must exist."""
+    asked = []
+
+    def check(requirements, index, checks):
+        asked.append((requirements, index))
+        return True
+
+    plan = make_plan(tmp_path, bin_dir, env={"mode": "slurm_tmpdir", "find_links": "/w"})
+    derived = tmp_path / "results/environment/job-requirements.txt"
+    assert plan.job_requirements == derived
+    plan.prepare_job_venvs(check=check)
+    assert asked == [(derived, ["--no-index", "--find-links", "/w"])]
+    assert "\ntorch==" in derived.read_text() and "snakemake" not in derived.read_text()
+    stamp = derived.stat().st_mtime_ns
+    plan.prepare_job_venvs(check=check)
+    assert derived.stat().st_mtime_ns == stamp
+    assert "job venvs install" in " ".join(plan.log.infos)
+
+    def refuse(*args):
+        raise WheelhouseError("pyyaml==9 (the wheelhouse has 6.0.1)")
+
+    with pytest.raises(PlanError, match=r"pyyaml==9 \(the wheelhouse has 6.0.1\)"):
+        plan.prepare_job_venvs(check=refuse)
+    unchecked = make_plan(tmp_path, bin_dir, env={"mode": "slurm_tmpdir", "check_wheelhouse": False})
+    unchecked.prepare_job_venvs(check=refuse)  # off: not asked
+    absent = make_plan(tmp_path, bin_dir, env={"mode": "slurm_tmpdir", "requirements": "nope.txt"})
+    assert absent.job_requirements == ROOT / "nope.txt"
+    with pytest.raises(PlanError, match="env.requirements: .*nope.txt does not exist"):
+        absent.prepare_job_venvs(check=check)
+    make_plan(tmp_path, bin_dir).prepare_job_venvs(check=refuse)  # env.mode current: nothing

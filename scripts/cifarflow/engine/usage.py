@@ -1,6 +1,6 @@
 """What a segment used, next to what its job asked for (the request is the run's, known to
 the workflow): CPU time and peak memory of every rank, wall time, the time the job waited
-in Slurm's queue, and how the try ended."""
+in Slurm's queue, the time its job venv took to build, and how the try ended."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import resource
 import socket
 
 from .. import slurm
-from ..job_env import job_fact
+from ..job_env import env_build_s, job_fact
 
 
 def rank_usage() -> dict:
@@ -45,4 +45,4 @@ def segment_usage(ranks: list[dict], wall_s: float, threads: int, reason: str | 
             "cpu_efficiency": cpu_s / (wall_s * threads * len(ranks)) if wall_s else None,
             "peak_rss_mb": sum(r["peak_rss_mb"] for r in ranks),
             "peak_rss_mb_per_node": per_node, "queue_wait_s": queue_wait_s(),
-            "ended": ended_as(reason)}
+            "env_build_s": env_build_s(), "ended": ended_as(reason)}
