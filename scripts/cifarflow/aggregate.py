@@ -15,7 +15,7 @@ COLUMNS = ["run", "strategy", "device", "model", "batch_size", "world_size", "cp
            "images_per_sec", "images_per_sec_per_core", "train_loss", "test_acc", "wall_s",
            "epoch_s", "peak_mem_mb", "gpu_util_pct", "segments", "attempts", "requeues",
            "early_stops", "slurm_job_ids", "hosts", "status", "early_stop", "plateau",
-           "pruned_at", "resized",
+           "pruned_at", "resized", "data_source", "data_md5",
            "fallbacks", "cpu_efficiency", "mem_used_mb", "mem_requested_mb", "runtime_used_min",
            "runtime_requested_min", "mem_requested_last_mb", "runtime_requested_last_min",
            "queue_wait_s", "env_build_s", "last_ended", "try_ends", "advice"]
@@ -48,12 +48,24 @@ def advice_per_run(tips: list[str]) -> dict[str, str]:
             for run, own in found.items()}
 
 
+def data_columns(data_id: str, record: dict | None) -> dict:
+    """What the run trained on: the data source and the tarball's md5, from the fetch record
+    of results/data where it is still the run's data (same data id), else from the data id
+    (a real archive's md5, or a synthetic set's parameters)."""
+    if record:
+        return {"data_source": record["source"], "data_md5": record["md5"]}
+    if data_id.startswith("synthetic-"):
+        return {"data_source": "synthetic", "data_md5": ""}
+    return {"data_source": "cifar-10" if data_id else "", "data_md5": data_id}
+
+
 def summarize_run(name: str, run: dict) -> dict:
     spec, res = run["spec"], run["resources"]
     row = {"run": name, "strategy": run["strategy"], "device": spec["device"], "model": spec["model"],
            "batch_size": spec["batch_size"], "world_size": spec.get("world_size", 1),
            "cpus_per_task": res.get("cpus_per_task"), "epochs": spec["epochs"],
            "epochs_planned": spec["epochs"], "planned_segments": run.get("planned_segments"),
+           **data_columns(spec.get("data_id", ""), run.get("data")),
            **{f"sweep_{k}": v for k, v in run.get("swept", {}).items()}}
     path = run.get("metrics")
     if not path or not Path(path).is_file():

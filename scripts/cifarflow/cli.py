@@ -255,9 +255,13 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+# the subcommands that train: they listen for Slurm's stop signals before importing torch
+TRAINING_COMMANDS = ("train", "train-pack", "train-fused")
+
+
 def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] in (["train"], ["train-pack"]):  # before torch imports: no notice is lost
+    if argv[:1] and argv[0] in TRAINING_COMMANDS:  # before torch imports: no notice is lost
         from . import stop_signals
 
         stop_signals.listen()

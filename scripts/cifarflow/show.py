@@ -13,7 +13,8 @@ from pathlib import Path
 COLUMNS = [("run", "run", str), ("strategy", "strategy", str),
            ("test_acc", "test_acc", lambda v: f"{v:.3f}"),
            ("images/s", "images_per_sec", lambda v: f"{v:,.0f}"),
-           ("wall", "wall_s", lambda v: duration(v)), ("status", "status", str)]
+           ("wall", "wall_s", lambda v: duration(v)), ("status", "status", str),
+           ("data", "data", str)]
 ADVICE_MIN_WIDTH = 24  # the verdict keeps at least this much of a narrow terminal
 GENERAL_TIPS = 5  # tips about no one run (requests, pruning) printed below the table
 
@@ -76,6 +77,13 @@ def general_tips(advice: Path, df) -> list[str]:
     return [t for t in tips if t not in own]
 
 
+def data_label(source, md5) -> str:
+    """A run's data at a glance: its source and the start of the tarball's md5."""
+    source = "" if not isinstance(source, str) else source
+    md5 = md5[:8] if isinstance(md5, str) else ""
+    return f"{source} {md5}".strip()
+
+
 def show(results: Path, top: int = 20, width: int | None = None) -> str:
     """The text `cifarflow show` prints; `top` runs (0: all), by test accuracy."""
     import pandas as pd
@@ -83,6 +91,8 @@ def show(results: Path, top: int = 20, width: int | None = None) -> str:
     path = summary_path(results)
     df = pd.read_csv(path)
     width = width or shutil.get_terminal_size((120, 24)).columns
+    df["data"] = [data_label(source, md5) for source, md5 in
+                  zip(df.get("data_source", [None] * len(df)), df.get("data_md5", [None] * len(df)))]
     ranked = df.sort_values(["test_acc", "run"], ascending=[False, True], na_position="last")
     shown = ranked if top <= 0 else ranked.head(top)
     verdicts = shown["advice"] if "advice" in shown else [None] * len(shown)

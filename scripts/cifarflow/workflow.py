@@ -26,6 +26,7 @@ from .chain import Chain
 from .job_env import pip_index_args, prologue
 from .layout import RunPaths, pack_marker, segment_number, try_args
 from .config import data_identity
+from .data import ARCHIVE_NAME, fetch_record
 from .gpu_monitor import visible_gpus
 from .limits import check_fit, check_plan, read_limits, read_partitions
 from .pending import PendingWatch
@@ -315,6 +316,7 @@ class WorkflowPlan:
             check_user_models(self.runs.values())
         except ValueError as exc:
             raise self.error(f"config error: {exc}")
+        self.check_kept_data()
         self.write_specs()
         self.announce()
         self.prepare_job_venvs()
@@ -325,6 +327,23 @@ class WorkflowPlan:
                                           active=on_slurm).start()
         self.progress_watch = watch_progress(self.results, self.chain, self.log.info,
                                              self.config["progress_s"], training)
+
+    def data_record(self) -> dict | None:
+        """What fetch-data wrote of the data in results/data: source, data id, md5."""
+        return fetch_record(Path(self.data_dir, ARCHIVE_NAME))
+
+    def check_kept_data(self) -> None:
+        """Real CIFAR-10 (downloaded, or from an archive) in results/data is never replaced by
+        a synthetic set without a word: a plan that would do it is refused, with both ways out
+        (a dry run says so too)."""
+        record = self.data_record()
+        if record and record["source"] != "synthetic" and self.config["data"]["source"] == "synthetic":
+            raise self.error(
+                f"{self.data_dir} holds CIFAR-10 (data.source {record['source']}, md5 "
+                f"{record['md5']}), but the config says data.source: synthetic, which would "
+                "replace it with a synthetic set. To train on it, set data.source: "
+                f"{record['source']} in config/config.yaml (as when it was fetched); to replace "
+                f"it on purpose, remove {self.data_dir} first")
 
     def write_specs(self) -> None:
         """The run's typed config, handed to every segment as one file (spec.json), written
@@ -644,6 +663,7 @@ class WorkflowPlan:
         """What aggregation needs to know about each run, metrics path included: `metrics`
         maps run names to their last metrics.jsonl (rule input or what exists)."""
         metrics = {name: str(metrics[name]) for name in self.runs if name in metrics.keys()}
+        data = self.data_record()
         return {
             name: {
                 "strategy": run.strategy,
@@ -655,6 +675,7 @@ class WorkflowPlan:
                 "pruned_at": self.chain.known_pruned_at(name),
                 "planned_segments": len(run.segment_epochs),
                 "logs": RunPaths(self.results, name).logs,
+                "data": data if data and data.get("data_id") == run.config.data_id else None,
             }
             for name, run in self.runs.items()
         }

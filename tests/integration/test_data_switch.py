@@ -3,10 +3,15 @@ download in the same results directory, through real snakemake runs; the downloa
 local http.server (the real download code)."""
 
 import json
+import re
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, served_tarball, snakemake
+from conftest import ENV, PY, ROOT, served_tarball, snakemake, summary_rows
 from cifarflow.files import file_digest
 from cifarflow import data
 
@@ -43,9 +48,14 @@ def test_every_switch_of_data_source_reruns_fetch_and_extract(tmp_path, served):
     work = tmp_path / "work"
     order = ["synthetic", "archive", "download", "synthetic", "download", "archive", "synthetic"]
     used = []
-    for source in order:  # all six switches, nothing deleted by hand
-        out = snakemake(work, "--cores", 1, "extract_dataset",
-                        configfile=source_config(tmp_path, source, archive, url))
+    for source in order:  # all six switches
+        config = source_config(tmp_path, source, archive, url)
+        if source == "synthetic" and used:  # real data is replaced only on purpose
+            refused = snakemake(work, "-n", "extract_dataset", configfile=config, check=False)
+            assert refused.returncode != 0
+            assert "would replace it with a synthetic set" in refused.stdout + refused.stderr
+            shutil.rmtree(work / "results/data")
+        out = snakemake(work, "--cores", 1, "extract_dataset", configfile=config)
         assert "fetch_dataset" in out.stdout + out.stderr, source
         used.append(extracted_md5(work))
     synthetic = used[0]
@@ -85,3 +95,54 @@ def test_training_follows_the_switch_from_the_demo_to_real_data(tmp_path, served
     assert len(history) == 3 and history[0]["epoch"] == 1  # trained again from the start
     log = (work / "results/logs/train/cpu/segment-1.log").read_text()
     assert "resumed" not in log
+    row = summary_rows(work)["cpu"]  # what the run trained on, in summary.csv and show
+    assert (row["data_source"], row["data_md5"]) == ("download", file_digest(archive, "md5"))
+    shown = subprocess.run([str(Path(PY).parent / "cifarflow"), "show", str(work / "results")],
+                           capture_output=True, text=True, check=True).stdout
+    assert f"download {file_digest(archive, 'md5')[:8]}" in shown
+
+
+def documented_data_commands() -> list[str]:
+    """The data commands of README.md and docs/slurm.md, as written (inline or in a block)."""
+    found = []
+    for doc in ("README.md", "docs/slurm.md"):
+        text = (ROOT / doc).read_text()
+        found += [re.sub(r"\s+", " ", c) for c in
+                  re.findall(r"`(snakemake --profile profiles/slurm extract_dataset[^`]*)`", text)]
+        found += re.findall(r"^\s*(snakemake --profile profiles/slurm extract_dataset.*)$", text,
+                            flags=re.M)
+    return found
+
+
+def test_the_documented_data_commands_fetch_and_a_synthetic_plan_then_is_refused(tmp_path, served):
+    """README's and docs/slurm.md's commands, run as written (the project's Snakefile,
+    its Slurm profile; the dataset rules are local rules), fetch the tarball (the docs'
+    `data.source: download` edit made in a config file, the URL pointed at this machine);
+    then a plain run of a config that still says synthetic is refused at -n and for real,
+    and the real data stays."""
+    archive, url = served
+    commands = documented_data_commands()
+    assert len(commands) == 3, commands  # README, slurm.md's block and its one-off form
+    md5 = file_digest(archive, "md5")
+    edited = tmp_path / "config.yaml"  # what the docs ask: data.source download
+    edited.write_text(json.dumps({"data": {"source": "download", "url": url, "md5": md5}}))
+    for i, command in enumerate(commands):
+        work = tmp_path / f"work{i}"
+        words = shlex.split(command)
+        url_config = f"data={{'source': 'download', 'url': '{url}', 'md5': '{md5}'}}"
+        words = [url_config if w == 'data={"source": "download"}' else w for w in words]
+        out = subprocess.run([str(Path(PY).parent / "snakemake"), "-s", str(ROOT / "Snakefile"),
+                              "--directory", str(work), "--configfile", str(LOCAL), str(edited),
+                              *words[1:]], cwd=ROOT, env=ENV, capture_output=True, text=True,
+                             timeout=600)
+        assert out.returncode == 0, f"{command}:\n{out.stdout[-3000:]}{out.stderr[-3000:]}"
+        assert file_digest(work / f"results/data/{data.ARCHIVE_NAME}", "md5") == md5
+    plain = snakemake(work, "-n", configfile=source_config(tmp_path, "synthetic", archive, url),
+                      check=False)
+    text = plain.stdout + plain.stderr
+    assert plain.returncode != 0 and f"holds CIFAR-10 (data.source download, md5 {md5})" in text
+    assert "set data.source: download in config/config.yaml" in text and "remove" in text
+    again = snakemake(work, "--cores", 1, check=False,
+                      configfile=source_config(tmp_path, "synthetic", archive, url))
+    assert again.returncode != 0
+    assert file_digest(work / f"results/data/{data.ARCHIVE_NAME}", "md5") == md5  # kept

@@ -8,9 +8,11 @@ from cifarflow.show import show
 
 SUMMARY = [
     {"run": "slow_one", "strategy": "cpu", "test_acc": 0.61, "images_per_sec": 900.0,
-     "wall_s": 75.0, "status": "ok", "advice": ""},
+     "wall_s": 75.0, "status": "ok", "data_source": "download",
+     "data_md5": "c58f30108f718f92721af3b95e74349a", "advice": ""},
     {"run": "fast_one", "strategy": "cpu", "test_acc": 0.52, "images_per_sec": 12000.0,
-     "wall_s": 3.2, "status": "ok", "advice": "1 -> 2 cpus gives only x1.49: adding cores stops "
+     "wall_s": 3.2, "status": "ok", "data_source": "synthetic", "data_md5": "",
+     "advice": "1 -> 2 cpus gives only x1.49: adding cores stops "
      "paying there | fastest run: fast_one at 12,000 images/s"}]
 ADVICE = """# Advice
 
@@ -29,15 +31,19 @@ def test_each_row_shows_its_first_verdict_and_the_general_tips_follow(tmp_path):
     lines = show(tmp_path, width=200).splitlines()
     assert lines[0] == "2 runs: 2 ok"
     assert lines[2].split() == ["run", "strategy", "test_acc", "images/s", "wall", "status",
-                                "advice"]
-    assert lines[3].split() == ["slow_one", "cpu", "0.610", "900", "1m15s", "ok"]
+                                "data", "advice"]
+    # each run's data: its source and the start of the tarball's md5
+    assert lines[3].split() == ["slow_one", "cpu", "0.610", "900", "1m15s", "ok", "download",
+                                "c58f3010"]
+    assert lines[4].split()[:7] == ["fast_one", "cpu", "0.520", "12,000", "3.2s", "ok",
+                                    "synthetic"]
     column = lines[2].index("advice")
     assert lines[4][column:] == "1 -> 2 cpus gives only x1.49: adding cores stops paying there"
     assert lines[6] == ("- cpu (2 run(s)): used at most 700 MB of 2,000 MB requested: request "
                         "resources.mem_mb ~1,000")
     assert not any(line.startswith("- fastest run") for line in lines)  # in its run's row
-    narrow = show(tmp_path, width=90).splitlines()  # 55 for the columns, 35 for the verdict
+    narrow = show(tmp_path, width=109).splitlines()  # 74 for the columns, 35 for the verdict
     assert narrow[4][column:] == "1 -> 2 cpus gives only x1.49: addi…"
-    assert len(narrow[4]) == 90
-    narrowest = show(tmp_path, width=60).splitlines()  # the verdict keeps 24 characters
+    assert len(narrow[4]) == 109
+    narrowest = show(tmp_path, width=80).splitlines()  # the verdict keeps 24 characters
     assert narrowest[4][column:] == "1 -> 2 cpus gives only …"

@@ -58,3 +58,14 @@ def test_saves_follow_the_interval():
     controller.last_save -= 3601
     assert controller.decide(0.1, may_save=True) == (None, True)
     assert controller.decide(0.1, may_save=False) == (None, False)  # no work dir
+
+
+def test_every_training_subcommand_listens_for_stop_signals_before_torch():
+    """A Slurm notice (SIGUSR2/SIGTERM) that comes while torch imports is not lost: cli.main
+    starts listening first for each subcommand that trains (train-fused was missing)."""
+    import argparse
+
+    from cifarflow.cli import TRAINING_COMMANDS, parser
+
+    sub = next(a for a in parser()._actions if isinstance(a, argparse._SubParsersAction))
+    assert set(TRAINING_COMMANDS) == {name for name in sub.choices if name.startswith("train")}

@@ -92,3 +92,17 @@ def test_bf16_advice_from_bench_only_for_the_cpu_model_it_measured(monkeypatch):
     [tip] = bf16_advice(df, AMX)
     assert "bench/ measured lenet batch 512 on 2 threads x1.50 faster with amp bf16" in tip
     assert bf16_advice(df, {**AMX, "model": "another CPU"}) == []  # not measured there
+
+
+def test_a_run_says_what_data_it_trained_on():
+    from cifarflow.aggregate import data_columns
+
+    fetched = {"source": "download", "md5": "c58f30108f718f92721af3b95e74349a",
+               "data_id": "c58f30108f718f92721af3b95e74349a"}
+    assert data_columns(fetched["data_id"], fetched) == {
+        "data_source": "download", "data_md5": "c58f30108f718f92721af3b95e74349a"}
+    # results/data holds other data now: the run's own data id still says what it was
+    assert data_columns("c58f30108f718f92721af3b95e74349a", None) == {
+        "data_source": "cifar-10", "data_md5": "c58f30108f718f92721af3b95e74349a"}
+    assert data_columns("synthetic-0123456789ab", None) == {"data_source": "synthetic",
+                                                            "data_md5": ""}
