@@ -28,7 +28,8 @@ from .layout import RunPaths, pack_marker, segment_number, try_args
 from .config import data_identity
 from .data import ARCHIVE_NAME, fetch_record
 from .gpu_monitor import visible_gpus
-from .limits import check_fit, check_plan, read_limits, read_partitions
+from .limits import (check_fit, check_plan, gpu_share_warnings, gpu_slice_errors,
+                     read_limits, read_partitions)
 from .pending import PendingWatch
 from .plan import (Pack, Run, build_packs, build_runs, check_user_models, describe_fusion,
                    fuse_mode, mps_gpus, share_gpus)
@@ -92,6 +93,12 @@ def pack_name_pattern(strategy: str) -> str:
     return f"{re.escape(strategy)}-pack\\d+"
 
 
+def gres_model(resources: dict) -> str:
+    """The GPU type a request names (gres gpu:<type>:<count>), "" where it names none."""
+    parts = resources.get("gres", "").split(":")
+    return parts[1] if len(parts) == 3 else ""
+
+
 class StepPack:
     """The pack kind of pack.py (`cifarflow train-pack`): one task per member it trains, each
     a Slurm step with the member's own cores, memory (per core, so members may spread over
@@ -151,7 +158,7 @@ class StepPack:
                  "pack": not pack.fuse,
                  "mem_per_cpu": mem_per_cpu(self.task_mem_mb(pack, members, res["mem_mb"]), cpus)}
         if self.on_gpu(runs[pack.members[0]]):
-            shape.update(nodes=1, gpus_per_task=1)
+            shape.update(nodes=1, gpus_per_task=1, gpu_model=gres_model(res))
         return f"pack {pack.name} ({members} runs)", shape
 
     @staticmethod
@@ -237,7 +244,8 @@ def job_shapes(runs: dict[str, Run], packs: dict[str, Pack]) -> dict[str, dict]:
         tasks = int(res.get("tasks") or int(res.get("tasks_per_node", 1)) * (nodes or 1))
         shape = {"tasks": tasks, "cpus_per_task": int(res["cpus_per_task"]),
                  "mem_mb_per_node": int(res["mem_mb"]),
-                 "gpus_per_node": run.strategy_class.gpus_per_node(run.config)}
+                 "gpus_per_node": run.strategy_class.gpus_per_node(run.config),
+                 "gpu_model": gres_model(res)}
         if nodes:
             shape.update(nodes=int(nodes), tasks_per_node=tasks // int(nodes))
         shapes[f"run {name}"] = shape
@@ -440,8 +448,15 @@ class WorkflowPlan:
         lines, errors = check_plan(
             len(self.runs), len(units), max(segments), sum(segments), runtimes,
             limits, self.jobs_at_once)
+        shapes = job_shapes(self.runs, self.packs)
+        slices = gpu_slice_errors(shapes)
+        if slices:  # no site gives a job two MIG slices: refused whoever submits
+            raise self.error(slices[0])
         if limits is not None:  # Slurm answered; else asking again only waits for it to fail
-            errors += check_fit(job_shapes(self.runs, self.packs), partition, partitions_of())
+            partitions = partitions_of()
+            errors += check_fit(shapes, partition, partitions)
+            for warning in gpu_share_warnings(shapes, partition, partitions):
+                self.log.warning(f"WARNING: {warning}")
         for line in lines:
             self.log.info(line)
         if errors and self.jobs_at_once:

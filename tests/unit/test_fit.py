@@ -3,10 +3,11 @@
 reasons the controller names (real `squeue` lines)."""
 
 from cifarflow.config import with_defaults
-from cifarflow.limits import check_fit, expand_hostlist, partition_capacity
+from cifarflow.limits import (check_fit, expand_hostlist, gpu_share_warnings, gpu_slice_errors,
+                              partition_capacity)
 from cifarflow.pending import PendingWatch, stuck_jobs
 from cifarflow.slurm import fields
-from cifarflow.plan import build_packs, build_runs
+from cifarflow.plan import build_packs, build_runs, share_gpus
 from cifarflow.workflow import job_shapes
 
 PARTITIONS = """\
@@ -67,6 +68,45 @@ def test_nodes_cpus_memory_and_gpus_per_node_are_each_checked():
     assert check_fit(gpu, "multi", partitions()) == []
     assert "1 GPU(s) per node" in check_fit(gpu, "debug", partitions())[0]
     assert check_fit(gpu, "debug", None) == []  # no Slurm: nothing to say
+
+
+def test_jobs_asking_more_than_one_mig_slice_are_refused_in_one_line():
+    """Narval's slices (a100_3g.20gb): one per job. ddp over 2, a GPU pack of 4 and an
+    MPS pack sharing 2 slices are refused; one slice per job (gpu, or packs on one slice
+    through MPS) plans; a whole-GPU model is not a slice."""
+    mig = {"cpus_per_task": 1, "mem_mb": 1000, "gpu_model": "a100_3g.20gb"}
+    ddp = plan(strategies=["ddp"], distributed={"world_size": 2, "device": "cuda"}, resources=mig)
+    (line,) = gpu_slice_errors(ddp)
+    assert line.startswith("resources.gpu_model a100_3g.20gb is a MIG slice, and a job gets one "
+                           "slice (a process sees one anyway), but run ddp asks 2: ")
+    assert "pack.fuse or pack.per_gpu" in line
+    sweep = {"lr": [0.01, 0.02, 0.03, 0.04]}
+    packed = plan(strategies=["gpu"], resources=mig, sweep=sweep, pack={"runs_per_job": 4})
+    assert "pack gpu-pack001 (4 runs) asks 4" in gpu_slice_errors(packed)[0]
+    assert gpu_slice_errors(plan(strategies=["gpu"], resources=mig, sweep=sweep)) == []
+    runs = build_runs(with_defaults({"strategies": ["gpu"], "resources": mig, "sweep": sweep,
+                                     "pack": {"runs_per_job": 4, "per_gpu": 4}}))
+    shared = job_shapes(runs, share_gpus(build_packs(runs, 4), runs, 4, 4))
+    assert gpu_slice_errors(shared) == []  # 4 members on one slice under MPS
+    two = build_runs(with_defaults({"strategies": ["gpu"], "resources": mig, "sweep": sweep,
+                                    "pack": {"runs_per_job": 4, "per_gpu": 2}}))
+    assert "asks 2" in gpu_slice_errors(job_shapes(two, share_gpus(build_packs(two, 4), two, 2, 4)))[0]
+    whole = plan(strategies=["ddp"], distributed={"world_size": 2, "device": "cuda"},
+                 resources={**mig, "gpu_model": "a100"})
+    assert gpu_slice_errors(whole) == []
+
+
+def test_more_cores_or_memory_per_gpu_than_a_nodes_share_is_a_warning():
+    """multi's GPU nodes: 2 CPUs and 22,900 MB for 2 GPUs, a share of 1 core, 11,450 MB."""
+    fair = plan(strategies=["ddp"], distributed={"world_size": 2, "device": "cuda"},
+                resources={"cpus_per_task": 1, "mem_mb": 1000})
+    assert gpu_share_warnings(fair, "multi", partitions()) == []
+    greedy = plan(strategies=["gpu"], resources={"cpus_per_task": 2, "mem_mb": 16000})
+    (line,) = gpu_share_warnings(greedy, "multi", partitions())
+    assert line.startswith("run gpu asks 2 cores and 16,000 MB per GPU, more than a GPU's share "
+                           "of a node in partition multi (1 cores, 11,450 MB)")
+    assert gpu_share_warnings(greedy, "debug", partitions()) == []  # no GPU nodes there
+    assert gpu_share_warnings(greedy, "multi", None) == []  # no Slurm
 
 
 SQUEUE = """\

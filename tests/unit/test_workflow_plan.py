@@ -451,3 +451,14 @@ def test_job_venvs_install_this_venvs_training_stack_or_the_users_file(tmp_path,
     with pytest.raises(PlanError, match="env.requirements: .*nope.txt does not exist"):
         absent.prepare_job_venvs(check=check)
     make_plan(tmp_path, bin_dir).prepare_job_venvs(check=refuse)  # env.mode current: nothing
+
+
+def test_a_plan_asking_two_mig_slices_per_job_is_refused_even_without_slurm(tmp_path, bin_dir):
+    plan = make_plan(tmp_path, bin_dir, strategies=["ddp"],
+                     distributed={"world_size": 2, "device": "cuda"},
+                     resources={"gpu_model": "a100_3g.20gb"})
+    with pytest.raises(PlanError, match=r"a100_3g.20gb is a MIG slice.*run ddp asks 2"):
+        plan.check_against_cluster(limits_of=lambda partition: None,
+                                   partitions_of=lambda: None)
+    make_plan(tmp_path, bin_dir, strategies=["gpu"], resources={"gpu_model": "a100_3g.20gb"}) \
+        .check_against_cluster(limits_of=lambda partition: None, partitions_of=lambda: None)
