@@ -29,7 +29,7 @@ def keep_slurm_job_values(environ=os.environ, end_time_of=slurm.job_end_time,
     job_id = environ.get("SLURM_JOB_ID", "")
     if job_id and job_id != environ.get("CIFARFLOW_SLURM_JOB_ID"):
         environ["CIFARFLOW_SLURM_JOB_ID"] = job_id
-        for name in ("SLURM_TMPDIR", "SLURM_RESTART_COUNT"):
+        for name in ("SLURM_TMPDIR", "SLURM_RESTART_COUNT", "SLURM_JOB_NUM_NODES"):
             environ[f"CIFARFLOW_{name}"] = environ.get(name, "")
         facts = {"JOB_END_TIME": end_time_of(job_id), "QUEUE_WAIT_S": queue_wait_of(job_id)}
         for name, value in facts.items():
@@ -67,18 +67,16 @@ def pip_index_args(env: dict) -> list[str]:
     return args + (["--find-links", env["find_links"]] if env["find_links"] else [])
 
 
-def prologue(env: dict, basedir: Path, requirements: Path, nodes: int = 1) -> str:
+def prologue(env: dict, basedir: Path, requirements: Path) -> str:
     """Shell lines (each ending in ``&& ``) that give a job its software, from config.env:
     the Alliance way is `module load`, a venv in $SLURM_TMPDIR and `pip install --no-index`
-    of ``requirements`` (on every node of a multi-node job, one task per node). The build's
-    wall time reaches the ranks as CIFARFLOW_ENV_BUILD_S (the segment's record)."""
+    of ``requirements``, on every node the job holds (node_venv.sh: one srun task per node
+    where there are several, whatever placed them: ddp over nodes, a pack Slurm spread).
+    The build's wall time reaches the ranks as CIFARFLOW_ENV_BUILD_S (the segment's record)."""
     lines = [f"module load {' '.join(env['modules'])}"] if env["modules"] else []
     if env["mode"] == "slurm_tmpdir":
         build = shlex.join([str(Path(basedir) / "workflow/scripts/node_venv.sh"),
                             str(requirements), *pip_index_args(env)])
-        if nodes > 1:  # ranks find the venv at the same path everywhere
-            build = (f"srun --kill-on-bad-exit=1 --nodes={nodes} --ntasks={nodes} "
-                     f"--ntasks-per-node=1 --cpus-per-task=1 {build}")
         lines += ['export JOB_VENV="${CIFARFLOW_SLURM_TMPDIR:-${TMPDIR:-/tmp}/cifarflow.$SLURM_JOB_ID}/env"',
                   "build_start=$SECONDS", build,
                   "export CIFARFLOW_ENV_BUILD_S=$((SECONDS - build_start))",

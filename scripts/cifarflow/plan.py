@@ -59,6 +59,7 @@ class Pack:
     segment_epochs: list
     kind: str = "steps"          # how its job trains the members (workflow.PACK_KINDS)
     fuse: str = ""               # fused: one process trains all (auto, vmap, loop); "": not
+    member_share_mb: int = 0     # fused: memory each further member adds to the process
 
 
     per_gpu: int = 1             # members sharing one GPU through MPS (kind "mps")
@@ -130,7 +131,8 @@ def plan_run(strategy: str, config: dict, swept: dict) -> Run:
     per_node = job["mem_mb"] // int(res["mem_mb"])  # processes on a node
     policy = Policy(job["mem_mb"], job["runtime"], bool(res["autosize"]),
                     float(res["autosize_margin"]), float(res["oom_factor"]),
-                    int(res["max_mem_mb"] or 4 * int(res["mem_mb"])) * per_node, cfg.margin_s)
+                    int(res["max_mem_mb"] or 4 * int(res["mem_mb"])) * per_node, cfg.margin_s,
+                    int(res["autosize_min_runtime"]))
     return Run(name, strategy, swept, cfg, job,
                segment_epochs=segment_targets(cfg.epochs, int(sections["segments"]["count"])),
                threads=int(res["cpus_per_task"]) * world, policy=policy)
@@ -156,11 +158,13 @@ def fusable(run: Run) -> bool:
     return run.config.loader == "tensor"
 
 
-def build_packs(runs: dict[str, Run], runs_per_job: int, fuse: str = "") -> dict[str, Pack]:
+def build_packs(runs: dict[str, Run], runs_per_job: int, fuse: str = "",
+                member_share_mb: int = 250) -> dict[str, Pack]:
     """Packs of at most ``runs_per_job`` runs, in plan order, of the same strategy, request
     and segment plan (never a member in a job of the wrong size). Empty for 1. Fused packs
-    (``fuse``) also share what one fused model needs (FUSE_KEYS); runs that cannot fuse
-    (another loader) form plain packs."""
+    (``fuse``) also share what one fused model needs (FUSE_KEYS), and ask one member's
+    memory plus ``member_share_mb`` per further member; runs that cannot fuse (another
+    loader) form plain packs."""
     if runs_per_job <= 1:
         return {}
     groups: dict[tuple, list[Run]] = {}
@@ -178,7 +182,8 @@ def build_packs(runs: dict[str, Run], runs_per_job: int, fuse: str = "") -> dict
             n = count[strategy] = count.get(strategy, 0) + 1
             name = f"{strategy}-pack{n:03d}"
             packs[name] = Pack(name, strategy, [r.name for r in chunk], dict(chunk[0].resources),
-                               list(chunk[0].segment_epochs), fuse=fuse if fused else "")
+                               list(chunk[0].segment_epochs), fuse=fuse if fused else "",
+                               member_share_mb=member_share_mb if fused else 0)
     return packs
 
 

@@ -52,10 +52,11 @@ class Request:
 
 
 def autosized(mem_mb: int, runtime: int, measured: Measured | None, next_epochs: int,
-              margin: float, margin_s: float) -> Request:
+              margin: float, margin_s: float, min_runtime: int = 1) -> Request:
     """Segment k+1's request from segment k's measurement: memory a margin above the
     measured peak, runtime the measured time per epoch x the epochs to come x the margin,
-    plus the engine's stop margin (config.budget_for: it stops at config.stop_after).
+    plus the engine's stop margin (config.budget_for: it stops at config.stop_after), never
+    below ``min_runtime`` minutes (a job shorter than its start-up only feeds the queue).
     Never above the configured request."""
     if measured is None:
         return Request(mem_mb, runtime, "")
@@ -64,9 +65,11 @@ def autosized(mem_mb: int, runtime: int, measured: Measured | None, next_epochs:
     minutes = runtime
     if measured.epochs > 0 and next_epochs > 0:
         need_s = measured.wall_s / measured.epochs * next_epochs * margin
-        minutes = min(runtime, max(1, math.ceil(budget_for(need_s, margin_s) / 60)))
+        need_min = math.ceil(budget_for(need_s, margin_s) / 60)
+        minutes = min(runtime, max(1, min_runtime, need_min))
+        floor = f", raised to resources.autosize_min_runtime" if need_min < minutes else ""
         why.append(f"runtime {minutes} min ({measured.wall_s / measured.epochs:.0f} s per "
-                   f"epoch x {next_epochs} x {margin:g}, and the stop margin)")
+                   f"epoch x {next_epochs} x {margin:g}, and the stop margin{floor})")
     return Request(mem, minutes, "autosize from the previous segment: " + ", ".join(why))
 
 
@@ -104,6 +107,7 @@ class Policy:
     oom_factor: float = 2.0
     max_mem_mb: int = 0
     margin_s: float = 60.0
+    min_runtime: int = 10  # minutes: autosize asks for no less
 
     def request(self, previous: list, until_epoch: int, out_of_memory_tries: int) -> Request:
         """The request of a segment that trains up to ``until_epoch``; ``previous``: the
@@ -111,6 +115,6 @@ class Policy:
         measured = merged([Measured.of_segment(d) for d in previous]) if self.autosize else None
         next_epochs = until_epoch - measured.end_epoch if measured else 0
         request = autosized(self.mem_mb, self.runtime, measured, next_epochs, self.margin,
-                            self.margin_s)
+                            self.margin_s, self.min_runtime)
         return after_out_of_memory(request, out_of_memory_tries, self.oom_factor,
                                    max(self.max_mem_mb, self.mem_mb))

@@ -11,6 +11,7 @@ Functions a rule calls take Snakemake's arguments by name (``wildcards``, ``inpu
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -139,8 +140,10 @@ class StepPack:
 
     @staticmethod
     def task_mem_mb(pack: Pack, members: int, member_mem_mb: int) -> int:
-        """A member's memory; a fused pack's one task holds every member's."""
-        return member_mem_mb * (members if pack.fuse else 1)
+        """A member's memory; a fused pack's one process: one member's (the runtime, the
+        data, a model) and a share for each further member (pack.fuse_member_mem_mb), not
+        every member's whole process again."""
+        return member_mem_mb + (members - 1) * pack.member_share_mb if pack.fuse else member_mem_mb
 
     def gpus(self, pack: Pack, members: int) -> int:
         """GPUs of a GPU pack's job, all on one node: one a task."""
@@ -181,9 +184,8 @@ class StepPack:
         def tasks(wildcards):
             return self.tasks(plan, wildcards)
 
-        def task_mem_mb(wildcards, attempt):
-            return self.task_mem_mb(plan.packs[wildcards.pack], len(plan.pack_members(wildcards)),
-                                    plan.pack_request(wildcards, attempt).mem_mb)
+        def task_mem_mb(wildcards, attempt):  # pack_request sizes a fused pack's whole process
+            return plan.pack_request(wildcards, attempt).mem_mb
 
         res = {
             "tasks": tasks,
@@ -301,7 +303,8 @@ class WorkflowPlan:
             raise error(f"config error: {exc}")
         per_job, per_gpu = config["pack"]["runs_per_job"], config["pack"]["per_gpu"]
         try:
-            packs = share_gpus(build_packs(runs, per_job, fuse_mode(config["pack"]["fuse"])),
+            packs = share_gpus(build_packs(runs, per_job, fuse_mode(config["pack"]["fuse"]),
+                                           config["pack"]["fuse_member_mem_mb"]),
                                runs, per_gpu, per_job)
         except ValueError as exc:
             raise error(f"config error: {exc}")
@@ -476,9 +479,10 @@ class WorkflowPlan:
             return "python -m cifarflow"
         return self.cifarflow
 
-    def env_prologue(self, nodes: int = 1) -> str:
-        """What gives a job its software (config.env): cifarflow/job_env.py."""
-        return prologue(self.env, self.basedir, self.job_requirements, nodes)
+    def env_prologue(self) -> str:
+        """What gives a job its software (config.env), on every node the job holds:
+        cifarflow/job_env.py."""
+        return prologue(self.env, self.basedir, self.job_requirements)
 
     def job_requirements_file(self) -> Path:
         """What a job venv installs (env.mode slurm_tmpdir): the user's env.requirements
@@ -542,9 +546,6 @@ class WorkflowPlan:
     def threads(self, strategy: str):
         return self.per_run(strategy, lambda run: run.threads)
 
-    def prologue(self, strategy: str):
-        return self.per_run(strategy, lambda run: self.env_prologue(run.config.nodes))
-
     def launch_prefix(self, strategy: str):
         """What the training command starts under: the strategy's launcher and wrappers."""
         return self.per_run(strategy,
@@ -561,17 +562,19 @@ class WorkflowPlan:
             k, data=self.batches, until_epoch=run.until_epoch(k),
             stage=self.config["data"]["stage"]))
 
-    def sized_request(self, runs: list[str], k: int, previous: list, attempt: int, name: str):
+    def sized_request(self, runs: list[str], k: int, previous: list, attempt: int, name: str,
+                      policy=None):
         """The request of segment k of `runs` (one, or a pack's members, who share one):
-        the configured one, or from the previous segment's measurement (resources.autosize),
-        with more memory after tries of this segment that ran out of it (retries only)."""
+        the configured one (``policy``, else the first run's), or from the previous
+        segment's measurement (resources.autosize), with more memory after tries of this
+        segment that ran out of it (retries only)."""
         first = self.runs[runs[0]]
         ooms = 0
         if attempt > 1:
             ooms = max(out_of_memory_count(RunPaths(self.results, run).root, k,
                                            logs_dir=RunPaths(self.results, run).logs)
                        for run in runs)
-        request = first.policy.request(previous, first.until_epoch(k), ooms)
+        request = (policy or first.policy).request(previous, first.until_epoch(k), ooms)
         if request.why and (name, k, attempt) not in self.sizing_logged:
             self.sizing_logged.add((name, k, attempt))
             self.log.info(f"{name} segment {k}: {request.why}")
@@ -622,10 +625,17 @@ class WorkflowPlan:
         return [RunPaths(self.results, run).spec for run in self.packs[wildcards.pack].members]
 
     def pack_request(self, wildcards, attempt: int):
-        """One member's request, sized from all members' previous segments (sized_request)."""
+        """A member task's request, sized from all members' previous segments (sized_request);
+        a fused pack's one process as a whole (its members record that process's peak)."""
         k, members = int(wildcards.segment), self.pack_members(wildcards)
         previous = [RunPaths(self.results, run).segment(k - 1) for run in members] if k > 1 else []
-        return self.sized_request(members, k, previous, attempt, wildcards.pack)
+        pack, policy = self.packs[wildcards.pack], None
+        if pack.fuse:
+            first = self.runs[members[0]].policy
+            whole = StepPack.task_mem_mb(pack, len(members), first.mem_mb)
+            policy = dataclasses.replace(first, mem_mb=whole,
+                                         max_mem_mb=max(first.max_mem_mb, whole))
+        return self.sized_request(members, k, previous, attempt, wildcards.pack, policy)
 
     def pack_resources(self, strategy: str) -> dict:
         return {**self.pack_kind(strategy).resources(self, strategy), **self.slurm_placement}

@@ -11,7 +11,7 @@ import pytest
 
 from conftest import (assert_bit_identical, final_states, summary_rows, sweep_config,
                       train_until_saved, training_spec)
-from test_slurm import running_jobs, start_slurm, submitted, training_processes
+from test_slurm import running_jobs, slurm, start_slurm, submitted, training_processes
 
 pytestmark = pytest.mark.slurm
 
@@ -73,3 +73,41 @@ def test_slurm_pack_spreads_over_two_nodes_equals_unpacked_and_retries_one_membe
     assert hosts == {"n1", "n2"}  # one job, its members on both nodes
     for run, state in final_states(tmp_path).items():
         assert_bit_identical(state["model"], unpacked_sweep[run]["model"])
+
+
+def test_a_pack_spread_over_two_nodes_builds_its_job_venv_on_each(tmp_path):
+    """env.mode slurm_tmpdir with a pack of 4 one-core members on partition multi (2 cores a
+    node): Slurm places members on both nodes, so the prologue builds the venv on every node
+    the job holds (before, it built it on the batch node alone, and members elsewhere found
+    no Python). Each member runs its own node's venv. The venvs hold a small wheel from a
+    wheelhouse; torch comes from the project venv through PYTHONPATH."""
+    import subprocess
+    from pathlib import Path
+
+    from conftest import PY, ROOT, probe_wheel, slurm_job_prefix, slurm_jobs
+
+    wheels = probe_wheel(tmp_path / "wheelhouse")
+    (tmp_path / "job-requirements.txt").write_text("cifarflow-probe==0.1\n")
+    config = sweep_config(tmp_path / "c.yaml", 4, 4, mem_mb=2000)
+    extra = tmp_path / "multi.yaml"
+    extra.write_text(json.dumps({
+        "slurm": {"partition": "multi"}, "segments": {"count": 1},
+        "env": {"mode": "slurm_tmpdir", "requirements": str(tmp_path / "job-requirements.txt"),
+                "find_links": str(wheels)}}))
+    site = subprocess.run([PY, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    out = slurm(tmp_path, configfile=[config, extra],
+                env={"PYTHONPATH": f"{ROOT / 'scripts'}:{site}", "PIP_CONFIG_FILE": os.devnull,
+                     "PIP_FIND_LINKS": ""})
+    (job,) = submitted(out.stdout + out.stderr)["train_cpu"]
+    venv = f"/localscratch/root.{job}.0/env"
+    pack_log = next((tmp_path / "results/logs/packs").glob("cpu-pack*/segment-1.log")).read_text()
+    for node in ("n1", "n2"):
+        assert f"[env] {node}: {venv} ready" in pack_log, pack_log[-3000:]
+    hosts = set()
+    for log in (tmp_path / "results/logs/train").glob("*/segment-1.log"):
+        found = re.search(r"ranks: 0 on (n\d) \(python (\S+)\)", log.read_text())
+        assert found and found[2] == venv, log.read_text()[-2000:]
+        hosts.add(found[1])
+    assert hosts == {"n1", "n2"}  # the members were spread, and each found its venv
+    assert slurm_jobs(slurm_job_prefix(tmp_path), "PENDING,RUNNING") == {}

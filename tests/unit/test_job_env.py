@@ -1,5 +1,8 @@
 """A job's software prologue, per env.mode (the shell the training command runs after)."""
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 from cifarflow.job_env import prologue
@@ -23,7 +26,29 @@ def test_slurm_tmpdir_loads_modules_then_builds_on_every_node():
            "/work/results/environment/job-requirements.txt --no-index --find-links /w && " \
            "export CIFARFLOW_ENV_BUILD_S=$((SECONDS - build_start)) && " \
            "source \"$JOB_VENV/bin/activate\" && " in one
-    two = prologue(env, Path("/wf"), REQ, nodes=2)
-    assert "srun --kill-on-bad-exit=1 --nodes=2 --ntasks=2 --ntasks-per-node=1 " \
-           "--cpus-per-task=1 /wf/workflow/scripts/node_venv.sh" in two
     assert "--no-index" not in prologue({**env, "pip_no_index": False}, Path("/wf"), REQ)
+
+
+def test_the_venv_is_built_once_on_every_node_the_job_holds(tmp_path):
+    """node_venv.sh in a job of several nodes (the count the workflow kept past the jobstep)
+    starts itself again once per node through srun; inside that step, or on one node, it
+    builds in place. srun is stood in for here by a script that records its arguments; the
+    Slurm tests run the real one (ddp over two nodes, a pack spread over two nodes)."""
+    script = Path(__file__).resolve().parents[2] / "workflow/scripts/node_venv.sh"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text(f"#!/bin/sh\necho \"$@\" > {tmp_path}/srun-args\n")
+    (bin_dir / "srun").chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "JOB_VENV": str(tmp_path / "env"),
+           "CIFARFLOW_SLURM_JOB_NUM_NODES": "2"}
+    subprocess.run(["bash", str(script), "/req.txt", "--no-index"], env=env, check=True)
+    assert (tmp_path / "srun-args").read_text().split() == [
+        "--kill-on-bad-exit=1", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1",
+        "--cpus-per-task=1", str(script), "/req.txt", "--no-index"]
+    assert not (tmp_path / "env").exists()  # the steps build, not the job's own shell
+    (tmp_path / "srun-args").unlink()
+    inside = subprocess.run(["bash", str(script), "/nonexistent.txt"], capture_output=True,
+                            text=True, env={**env, "SLURM_STEP_ID": "0",
+                                            "PATH": f"{bin_dir}:{os.path.dirname(sys.executable)}:/usr/bin:/bin"})
+    assert not (tmp_path / "srun-args").exists()  # in the step: builds here
+    assert (tmp_path / "env/bin/python").exists() and "nonexistent.txt" in inside.stderr

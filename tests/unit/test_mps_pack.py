@@ -101,7 +101,7 @@ def test_the_fit_check_knows_the_shared_shape():
     two = shared(2, 2, [0.1, 0.2])  # 2 members, 1 GPU, 2 CPUs: fits a node of multi
     assert two == {"pack gpu-pack001 (2 runs, 2 per GPU)": {
         "tasks": 2, "cpus_per_task": 1, "pack": True, "mem_per_cpu": 1000, "nodes": 1,
-        "gpus_per_node": 1, "per_gpu": 2}}
+        "gpus_per_node": 1, "per_gpu": 2, "gpu_model": ""}}
     assert check_fit(two, "multi", partitions()) == []
     # 6 members, 2 per GPU: 3 GPUs on one node, and n1/n2 have 2
     (error,) = check_fit(shared(6, 2, [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]), "multi", partitions())

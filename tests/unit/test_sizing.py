@@ -36,8 +36,8 @@ def test_autosize_asks_a_margin_above_the_measurement_never_above_the_config():
     m = Measured(peak_node_mb=610, wall_s=120, epochs=2, end_epoch=2)
     r = autosized(4000, 30, m, next_epochs=2, margin=1.3, margin_s=60)
     assert r.mem_mb == 800                     # 610 x 1.3 = 793, rounded up to 100 MB
-    # 60 s per epoch x 2 x 1.3 = 156 s of training; the engine stops at 0.8 x runtime
-    # or runtime - 60 s, whichever is first: 216 s, so 4 minutes
+    # 60 s per epoch x 2 x 1.3 = 156 s of training; the engine stops at runtime - 60 s:
+    # 216 s, so 4 minutes (min_runtime 1: no floor here)
     assert r.runtime == 4
     assert "peak 610 MB x 1.3" in r.why and "60 s per epoch x 2" in r.why
     big = Measured(peak_node_mb=5000, wall_s=3000, epochs=1, end_epoch=1)
@@ -47,13 +47,25 @@ def test_autosize_asks_a_margin_above_the_measurement_never_above_the_config():
 
 
 @pytest.mark.parametrize("train_s, margin_s, budget_s", [
-    (156, 60, 216), (400, 60, 500), (240, 60, 300), (0, 60, 60), (100, 0, 125)])
+    (156, 60, 216), (400, 60, 460), (240, 60, 300), (0, 60, 60), (100, 0, 100)])
 def test_the_request_and_the_engines_stop_follow_one_rule(train_s, margin_s, budget_s):
     """A budget autosize asks for lets the engine train exactly as long as it needs: the
-    stop (the fraction of the budget, or the budget less the margin) is met exactly."""
+    stop (the budget less the margin) is met exactly."""
     assert budget_for(train_s, margin_s) == pytest.approx(budget_s)
     assert stop_after(budget_s, margin_s) == pytest.approx(train_s)
-    assert stop_after(budget_s - 1, margin_s) < train_s
+    assert stop_after(budget_s - 1, margin_s) < train_s or train_s == 0  # never below 0
+
+
+def test_autosize_asks_no_fewer_minutes_than_its_floor():
+    """A fast run would ask for 1-2 minute segments; the floor (resources.autosize_min_runtime)
+    keeps jobs longer than their start-up, never above the configured runtime."""
+    fast = Measured(peak_node_mb=610, wall_s=10, epochs=2, end_epoch=2)
+    assert autosized(4000, 30, fast, 2, 1.3, 60).runtime == 2  # no floor: 2 minutes
+    floored = autosized(4000, 30, fast, 2, 1.3, 60, min_runtime=10)
+    assert floored.runtime == 10 and "raised to resources.autosize_min_runtime" in floored.why
+    assert autosized(4000, 5, fast, 2, 1.3, 60, min_runtime=10).runtime == 5  # the config's
+    slow = Measured(peak_node_mb=610, wall_s=1200, epochs=2, end_epoch=2)
+    assert autosized(4000, 60, slow, 2, 1.3, 60, min_runtime=10).runtime == 27  # above it
 
 
 def test_an_out_of_memory_retry_asks_more_up_to_the_cap():
@@ -67,7 +79,8 @@ def test_an_out_of_memory_retry_asks_more_up_to_the_cap():
 def test_a_policy_sizes_a_pack_by_its_largest_member(tmp_path):
     a = write_segment(tmp_path / "a", 1, 1, [try_of(1, 40, {"n": 300}, 1)])
     b = write_segment(tmp_path / "b", 1, 1, [try_of(1, 90, {"n": 900}, 1)])
-    policy = Policy(mem_mb=4000, runtime=30, autosize=True, margin=1.5, max_mem_mb=16000)
+    policy = Policy(mem_mb=4000, runtime=30, autosize=True, margin=1.5, max_mem_mb=16000,
+                    min_runtime=1)
     r = policy.request([a, b], until_epoch=2, out_of_memory_tries=0)
     assert r.mem_mb == 1400 and r.runtime == 4  # 900 x 1.5; 90 s x 1.5 = 135 s: 195 s
     off = Policy(mem_mb=4000, runtime=30, max_mem_mb=16000)

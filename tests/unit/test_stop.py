@@ -20,19 +20,20 @@ def no_slurm_job(monkeypatch):
 
 
 @pytest.mark.parametrize("budget_s, margin_s, stops_after_s", [
-    (1000, 60, 800),   # 0.8 T: the margin is smaller than a fifth of the budget
-    (1000, 300, 700),  # T - margin: the margin is larger
-    (1000, 0, 800),
+    (1000, 60, 940),
+    (1000, 300, 700),
+    (1000, 0, 1000),   # the engine still stops before a batch and its save end past T
+    (86400, 60, 86340),  # a 24 h request trains 23 h 59 min, not 19.2 h (0.8 T before)
+    (30, 60, 0),
 ])
-def test_the_deadline_is_min_of_four_fifths_and_budget_less_margin(budget_s, margin_s,
-                                                                   stops_after_s):
+def test_the_deadline_is_the_budget_less_the_margin(budget_s, margin_s, stops_after_s):
     start = time.time()
     controller = stop.StopController(budget_s, margin_s, OneProcess(), start, interval_s=1e9)
     assert controller.deadline == pytest.approx(start + stops_after_s)
 
 
 def test_it_stops_when_the_next_batch_would_end_past_the_deadline():
-    start = time.time() - 700  # 100 s before the deadline of a 1000 s budget
+    start = time.time() - 840  # 100 s before the deadline of a 1000 s budget (at 940 s)
     controller = stop.StopController(1000, 60, OneProcess(), start, interval_s=1e9)
     assert controller.decide(next_step_s=50, may_save=True) == (None, False)
     assert controller.decide(next_step_s=150, may_save=True) == ("time budget", False)
@@ -44,7 +45,7 @@ def test_the_slurm_job_end_is_a_budget_too_and_the_earlier_deadline_wins(monkeyp
     assert stop.slurm_end_time() == int(start) + 500
     remaining = int(start) + 500 - start
     controller = stop.StopController(1000, 60, OneProcess(), start, interval_s=1e9)
-    assert controller.deadline == pytest.approx(start + min(0.8 * remaining, remaining - 60))
+    assert controller.deadline == pytest.approx(start + remaining - 60)
     controller = stop.StopController(100, 60, OneProcess(), start, interval_s=1e9)
     assert controller.deadline == pytest.approx(start + 40)  # the spec's budget is earlier
     monkeypatch.delenv("SLURM_JOB_END_TIME")

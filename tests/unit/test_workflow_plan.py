@@ -372,8 +372,8 @@ def test_a_pack_member_s_next_try_follows_its_logs(tmp_path):
 
 def test_a_fused_pack_is_one_task_with_the_members_memory_and_one_gpu(tmp_path, bin_dir):
     """pack.fuse: the job trains its members in one process: one task of a member's cores,
-    every member's memory, one GPU; its command line says --fuse; the plan says how the
-    sweep fused, in one line."""
+    one member's memory and a share per further member (1000 + 2 x 250 MB), one GPU; its
+    command line says --fuse; the plan says how the sweep fused, in one line."""
     plan = make_plan(tmp_path, bin_dir, strategies=["gpu"], sweep={"lr": [0.1, 0.2, 0.3]},
                      pack={"runs_per_job": 3, "fuse": True},
                      resources={"mem_mb": 1000, "cpus_per_task": 2})
@@ -382,7 +382,7 @@ def test_a_fused_pack_is_one_task_with_the_members_memory_and_one_gpu(tmp_path, 
     w = wildcards(pack="gpu-pack001", segment=1)
     res = plan.pack_resources("gpu")
     assert (res["tasks"](w), res["cpus_per_task"](w), res["mem_mb_per_cpu"](w, None, 1),
-            res["gres"](w), res["mpi"](w)) == (1, 2, 1500, "gpu:1", "")
+            res["gres"](w), res["mpi"](w)) == (1, 2, 750, "gpu:1", "")
     assert plan.pack_threads("gpu")(w) == 2
     parsed = parser().parse_args(["train-pack", *plan.pack_args("gpu")(w).split(), "--threads",
                                   "2", "--budget-min", "30", "--mem-per-cpu", "1500",
@@ -390,6 +390,32 @@ def test_a_fused_pack_is_one_task_with_the_members_memory_and_one_gpu(tmp_path, 
     assert parsed.fuse == "auto" and parsed.members == ["gpu_lr0p1", "gpu_lr0p2", "gpu_lr0p3"]
     plan.announce()
     assert plan.log.infos[-1] == "pack.fuse: 3 runs in 1 fused pack(s) (lenet bs 512: 1)"
+
+
+def test_a_fused_pack_asks_what_its_one_process_needs_then_what_it_measured(tmp_path, bin_dir):
+    """32 lenet members of 4,000 MB asked 128,000 MB in one process (more than a GPU's share
+    of a node); now 4,000 + 31 x 250. With autosize, segment 2 asks the fused process's
+    measured peak x the margin (every member records that one process's peak), not x 32."""
+    lrs = [round(0.01 * (i + 1), 2) for i in range(32)]
+    plan = make_plan(tmp_path, bin_dir, strategies=["gpu"], sweep={"lr": lrs},
+                     segments={"count": 2}, train={"epochs": 2},
+                     pack={"runs_per_job": 32, "fuse": True},
+                     resources={"mem_mb": 4000, "cpus_per_task": 1, "autosize": True})
+    (pack,) = plan.packs.values()
+    res = plan.pack_resources("gpu")
+    first = wildcards(pack=pack.name, segment=1)
+    assert res["mem_mb_per_cpu"](first, None, 1) == 4000 + 31 * 250
+    assert plan.pack_request(first, 1).mem_mb == 11750
+    for run in pack.members:  # segment 1 as the fused process recorded it: 3,000 MB each
+        seg = Path(RunPaths(str(tmp_path / "results"), run).segment(1))
+        seg.mkdir(parents=True)
+        (seg / "checkpoint.json").write_text(json.dumps({"epoch": 1, "segment_runs": [
+            {"segment": "segment-1", "wall_s": 60, "epoch": 1, "peak_rss_mb": 3000,
+             "peak_rss_mb_per_node": {"n1": 3000}}]}))
+        (seg / "metrics.jsonl").write_text(json.dumps({"epoch": 1, "wall_s": 60}) + "\n")
+    second = wildcards(pack=pack.name, segment=2)
+    assert plan.pack_request(second, 1).mem_mb == 3900  # 3,000 x 1.3, the whole process
+    assert res["mem_mb_per_cpu"](second, None, 1) == 3900
 
 
 @pytest.mark.parametrize("elastic", [True, False])

@@ -53,10 +53,6 @@ def get_threads(strategy):
     return PLAN.threads(strategy)
 
 
-def get_prologue(strategy):
-    return PLAN.prologue(strategy)
-
-
 def get_launch_prefix(strategy):
     return PLAN.launch_prefix(strategy)
 

@@ -27,7 +27,7 @@ for _strategy in PLAN.unpacked:
             attempt=lambda wildcards, attempt: attempt,
         params:
             cifarflow=PLAN.job_cifarflow,
-            prologue=get_prologue(_strategy),
+            prologue=PLAN.env_prologue(),
             args=get_segment_args,
             launch=get_launch_prefix(_strategy),
         shell:
@@ -63,4 +63,4 @@ for _strategy in PLAN.packed:
             prologue=PLAN.env_prologue(),
             args=get_pack_args(_strategy),
         shell:
-            f"trap '' TERM; {get_pack_command(_strategy)} > {{log}} 2>&1"
+            f"trap '' TERM; ({get_pack_command(_strategy)}) > {{log}} 2>&1"
