@@ -133,6 +133,9 @@ def used_vs_requested(tries: list[dict], res: dict) -> dict:
     if last.get("requested_runtime_min"):
         out["runtime_requested_last_min"] = last["requested_runtime_min"]
     waits = [t["queue_wait_s"] for t in measured if t.get("queue_wait_s") is not None]
+    asked_s = sum(60 * (t.get("requested_runtime_min") or res.get("runtime") or 0) for t in measured)
+    if asked_s:  # what backfill could not give others: requested, not used
+        out["runtime_unused_share"] = max(0.0, 1 - sum(t["wall_s"] for t in measured) / asked_s)
     builds = [t for t in measured if t.get("env_build_s") is not None]
     if builds:  # env.mode slurm_tmpdir: each try's job built its venv before training
         out["env_build_s"] = sum(t["env_build_s"] for t in builds) / len(builds)
@@ -165,10 +168,12 @@ def request_advice(df) -> list[str]:
             tips.append(f"{strategy} ({n} run(s)): the cores were busy {eff:.0%} of the time "
                         f"with {cpus} per process: request cpus_per_task {fewer}")
         longest = g.runtime_used_min.max()
+        unused = g.runtime_unused_share.mean() if "runtime_unused_share" in g else 0.0
         if longest < 0.5 * runtime and (g.last_ended == "completed").all():
             ask = max(5, int(-(-longest * 1.5 // 1)))
             tips.append(f"{strategy} ({n} run(s)): the longest segment took {longest:.1f} min of "
-                        f"{runtime:g} requested: resources.runtime {ask} would queue sooner")
+                        f"{runtime:g} requested ({unused:.0%} of the requested time went "
+                        f"unused): resources.runtime {ask} would queue sooner")
     return tips
 
 

@@ -33,7 +33,9 @@ def test_runs_and_advice_say_what_to_request_next_time():
     assert tips[0] == ("cpu (1 run(s)): used at most 400 MB of 4,000 MB requested: request "
                        "resources.mem_mb ~500 (saves ~0.2 GB-hours)")
     assert "busy 14% of the time with 4 per process: request cpus_per_task 1" in tips[1]
-    assert "the longest segment took 2.0 min of 30 requested: resources.runtime 5" in tips[2]
+    assert row["runtime_unused_share"] == pytest.approx(1 - 180 / 3600)
+    assert ("the longest segment took 2.0 min of 30 requested (95% of the requested time went "
+            "unused): resources.runtime 5") in tips[2]
 
 
 def test_a_run_that_uses_what_it_asked_for_gets_no_advice():
