@@ -113,6 +113,7 @@ class TrainConfig:
     margin_s: float                # segment stops at stop_after(T, margin_s)
     budget_s: float                # 0: the job's runtime is the budget
     elastic: bool                  # may resume on another world size at an epoch boundary
+    keep_weights: str              # all | last: earlier segments' weights dropped (and best)
     early_stop: dict               # train.early_stop (cifarflow.early_stop)
 
     def __post_init__(self):

@@ -126,7 +126,8 @@ def plan_run(strategy: str, config: dict, swept: dict) -> Run:
         **cls.process_settings(sections), "data_id": data_identity(config["data"]),
         "margin_s": float(sections["segments"]["margin_s"]),
         "budget_s": float(sections["segments"]["budget_s"]),
-        "elastic": bool(sections["segments"]["elastic"])})
+        "elastic": bool(sections["segments"]["elastic"]),
+        "keep_weights": sections["segments"]["keep_weights"]})
     job = dict(cls.job_resources(cfg, res), runtime=int(res["runtime"]))
     per_node = job["mem_mb"] // int(res["mem_mb"])  # processes on a node
     policy = Policy(job["mem_mb"], job["runtime"], bool(res["autosize"]),

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from . import storage
 from .chain import Chain
 from .job_env import pip_index_args, prologue
 from .layout import RunPaths, pack_marker, segment_number, try_args
@@ -384,7 +385,7 @@ class WorkflowPlan:
                                  " (segments.elastic: true would go on from the finished ones)"))
 
     def announce(self) -> None:
-        """The log lines of pruning and packing."""
+        """The log lines of pruning, packing and what the plan will store."""
         if self.prune:
             self.log.info(
                 f"sweep.prune: the runs of each strategy are ranked on {self.prune['metric']} "
@@ -401,6 +402,7 @@ class WorkflowPlan:
                    "and segment" if self.unpacked else "") + self.describe_sharing())
         if self.config["pack"]["fuse"] and self.packs:
             self.log.info(describe_fusion(self.runs, self.packs))
+        self.log.info(storage.describe(self.runs.values(), self.config["segments"]["keep_weights"]))
 
     def check_local_gpus(self, count_gpus=visible_gpus, environ=os.environ) -> None:
         """A local run (no --jobs: not profiles/slurm, and outside a Slurm job) whose runs ask

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import (ENV, PY, ROOT, assert_bit_identical, metrics_of, probe_wheel, process_tree,
-                      snakemake, state_of, train_until_saved, training_spec)
+                      snakemake, state_of, summary_rows, train_until_saved, training_spec)
 from cifarflow import checkpoint as ckpt
 
 CONFIGS = ROOT / "tests" / "configs"
@@ -528,3 +528,41 @@ def test_segments_stopped_by_their_budget_get_extra_segments_up_to_max_extra(tmp
         assert (f"resumed from results/runs/cpu/segment-{k - 1} at epoch 1, batch {k - 1}\n"
                 in (logs / f"segment-{k}.log").read_text())
     assert not (tmp_path / "results/runs/cpu/segment-4").exists()
+
+
+@pytest.mark.slow  # two local runs of 3 segments: about 40 s
+def test_keeping_only_the_last_weights_leaves_resume_and_the_summary_whole(tmp_path):
+    """segments.keep_weights last: each segment resumes from the one before and then drops
+    its weights (the best segment's stay); the final weights equal those of a run that
+    keeps them all, the summary is the same, every segment keeps its metrics and manifest,
+    one log file per try (segment-k.log is a link to it); resuming from a dropped segment
+    is one clear error."""
+    results = {}
+    for keep in ("all", "last"):
+        extra = tmp_path / f"{keep}.yaml"
+        extra.write_text(f"train: {{epochs: 3}}\nsegments: {{count: 3, keep_weights: {keep}}}\n")
+        work = tmp_path / keep
+        snakemake(work, "--cores", 2, configfile=[CONFIGS / "local" / "config.yaml", extra])
+        results[keep] = work / "results/runs/cpu"
+    kept = sorted(p.parent.name for p in results["last"].glob("segment-*/state.pt"))
+    accuracy = {k: metrics_of(results["last"] / f"segment-{k}")[-1]["test_acc"] for k in (1, 2, 3)}
+    best = max((3, 2, 1), key=lambda k: accuracy[k])  # the latest of equals
+    assert kept == sorted({f"segment-{best}", "segment-3"})
+    assert len(list(results["all"].glob("segment-*/state.pt"))) == 3
+    assert_bit_identical(state_of(results["all"] / "segment-3")["model"],
+                         state_of(results["last"] / "segment-3")["model"])
+    def learned(directory):
+        return [(r["epoch"], r["train_loss"], r["test_acc"]) for r in metrics_of(directory)]
+
+    for k in (1, 2):  # metrics and manifests stay
+        assert learned(results["last"] / f"segment-{k}") == learned(results["all"] / f"segment-{k}")
+    rows = {keep: summary_rows(tmp_path / keep)["cpu"] for keep in results}
+    assert rows["last"]["test_acc"] == rows["all"]["test_acc"] and rows["last"]["status"] == "ok"
+    logs = tmp_path / "last/results/logs/train/cpu"
+    assert os.readlink(logs / "segment-2.log") == "segment-2.attempt1.log"  # one file a try
+    dropped = next(k for k in (1, 2) if k != best)
+    with pytest.raises(ckpt.CheckpointError, match=r"holds no weights: segments.keep_weights last"):
+        ckpt.read_manifest(results["last"] / f"segment-{dropped}")
+    again = snakemake(tmp_path / "last", "-n", configfile=[CONFIGS / "local" / "config.yaml",
+                                                           tmp_path / "last.yaml"])
+    assert "Nothing to be done" in again.stdout + again.stderr  # nothing retrains

@@ -21,7 +21,7 @@ from cifarflow.wheelhouse import WheelhouseError
 from cifarflow.cli import parser
 from cifarflow.config import with_defaults
 from cifarflow.layout import (RunPaths, attempt_log_name, attempt_logs_pattern, attempt_number,
-                              tee_attempt_log)
+                              attempt_log_sink)
 from cifarflow.pack import member_argv, next_attempt
 from cifarflow.workflow import (PlanError, WorkflowPlan, fetch_args, installed_command,
                                 mem_per_cpu, slurm_placement)
@@ -351,11 +351,13 @@ def test_every_try_s_log_has_one_name_in_the_shell_and_in_python(tmp_path):
     assert RunPaths("r", "x").attempt_log(3, 2) == "r/logs/train/x/segment-3.attempt2.log"
     for requeue in (0, 2):
         log = tmp_path / f"segment-3-{requeue}.log"
-        shell = tee_attempt_log().format(log=log, resources=SimpleNamespace(attempt=4))
+        log.write_text("an earlier try's copy")  # a log of before: replaced by the link
+        shell = attempt_log_sink().format(log=log, resources=SimpleNamespace(attempt=4))
         subprocess.run(["bash", "-c", f"echo trained | {shell}"], check=True,
                        env={"CIFARFLOW_SLURM_RESTART_COUNT": str(requeue), "PATH": "/usr/bin:/bin"})
         kept = tmp_path / attempt_log_name(log.stem, 4, requeue)
         assert kept.read_text() == log.read_text() == "trained\n"
+        assert log.is_symlink() and os.readlink(log) == kept.name  # one file, one link
     assert sorted(p.name for p in tmp_path.glob(attempt_logs_pattern("segment-3-2", 4))) == \
         ["segment-3-2.attempt4.requeue2.log"]
 
@@ -389,7 +391,8 @@ def test_a_fused_pack_is_one_task_with_the_members_memory_and_one_gpu(tmp_path, 
                                   "--record", "r.json"])
     assert parsed.fuse == "auto" and parsed.members == ["gpu_lr0p1", "gpu_lr0p2", "gpu_lr0p3"]
     plan.announce()
-    assert plan.log.infos[-1] == "pack.fuse: 3 runs in 1 fused pack(s) (lenet bs 512: 1)"
+    assert plan.log.infos[-2] == "pack.fuse: 3 runs in 1 fused pack(s) (lenet bs 512: 1)"
+    assert plan.log.infos[-1].startswith("storage: 3 run(s) will hold ~48 files")
 
 
 def test_a_fused_pack_asks_what_its_one_process_needs_then_what_it_measured(tmp_path, bin_dir):

@@ -13,7 +13,7 @@ SCRIPTS = Path(workflow.basedir) / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 
 from cifarflow.job_env import keep_slurm_job_values, put_engine_first  # noqa: E402
-from cifarflow.layout import RunPaths, pack_marker, tee_attempt_log  # noqa: E402
+from cifarflow.layout import RunPaths, attempt_log_sink, pack_marker  # noqa: E402
 from cifarflow.workflow import WorkflowPlan, name_pattern, pack_name_pattern  # noqa: E402
 
 put_engine_first(SCRIPTS)
@@ -38,7 +38,7 @@ if workflow.is_main_process:  # not in every job: specs, the user's models (torc
 
 RESULTS = PLAN.results
 RUN = RunPaths(RESULTS, "{run}")  # a run's files, as wildcard patterns
-KEEP_ATTEMPT_LOG = tee_attempt_log()  # every try of a segment keeps its own log
+KEEP_ATTEMPT_LOG = attempt_log_sink()  # every try of a segment keeps its own log, once
 
 
 def get_previous_segment(wildcards):

@@ -352,6 +352,10 @@ class Segment:
         save_s = self.save(self.out_dir)
         self.log(f"checkpoint {self.out_dir} written in {save_s:.2f} s "
                  f"({'done' if self.done() else 'to be continued'})")
+        if self.cfg.keep_weights == "last" and self.strategy.is_main:
+            for name, freed in ckpt.keep_last_and_best(self.out_dir):
+                self.log(f"segments.keep_weights last: {name}'s weights removed "
+                         f"({freed / 2**20:,.1f} MB)")
         return {"epoch": p.epoch, "step": p.step, "stopped": reason, "save_s": save_s,
                 "done": self.done()}
 
