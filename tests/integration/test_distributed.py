@@ -215,6 +215,9 @@ def test_launcher_uses_srun_inside_slurm_and_torchrun_outside():
     assert inside[:6] == ["srun", "--kill-on-bad-exit=1", "--nodes=2", "--ntasks=4",
                           "--ntasks-per-node=2", "--cpus-per-task=3"]
     assert inside[6:] == cmd
+    bound = launch_argv(4, cmd, nodes=2, environ={"SLURM_JOB_ID": "7"}, tasks_of=lambda job: 4,
+                        gpus_per_task=1)
+    assert bound[6:] == ["--gpus-per-task=1", *cmd]  # each rank's task: its own GPU
     outside = launch_argv(2, cmd, environ={})
     assert "torch.distributed.run" in outside and "--nproc-per-node=2" in outside
     assert launch_argv(2, cmd, self_spawning=True, environ={}) == cmd

@@ -114,3 +114,27 @@ def test_a_segment_killed_for_memory_resumes_on_its_retry_with_more(tmp_path):
     row = summary_rows(tmp_path)["cpu"]
     assert (row["status"], row["try_ends"]) == ("ok", "completed 1, out of memory 1")
     assert row["mem_requested_last_mb"] == "3000"
+
+
+def test_each_rank_of_a_gpu_job_is_bound_to_its_own_gpu(tmp_path):
+    """`cifarflow launch --gpus-per-task 1`, as the plan starts ranks that each train on a GPU
+    (ddp, fsdp, lightning and gpu on cuda): in a job holding 2 of n1's (fake) GPUs, srun
+    gives each rank's task one GPU of its own; without the flag each sees both."""
+    import subprocess
+    import sys
+
+    from conftest import ENV, ROOT
+
+    show = 'echo "rank $SLURM_PROCID sees $CUDA_VISIBLE_DEVICES"'
+    launch = f"{sys.executable} -m cifarflow launch --nproc 2"
+    script = (f"{launch} --gpus-per-task 1 -- bash -c '{show}'; echo ---; "
+              f"{launch} -- bash -c '{show}'")
+    out = tmp_path / "job.out"
+    subprocess.run(["sbatch", "--wait", "-p", "multi", "-N1", "-n2", "--gres=gpu:2",
+                    "--mem=1000", "-J", f"{tmp_path.name}-gpubind", "-o", str(out),
+                    "--wrap", script], check=True, capture_output=True, timeout=300,
+                   env={**ENV, "PYTHONPATH": str(ROOT / "scripts")}, cwd=tmp_path)
+    lines = [l for l in out.read_text().splitlines() if l.startswith(("rank", "---"))]
+    bound, unbound = lines[:lines.index("---")], lines[lines.index("---") + 1:]
+    assert sorted(bound) == ["rank 0 sees 0", "rank 1 sees 1"], out.read_text()
+    assert sorted(unbound) == ["rank 0 sees 0,1", "rank 1 sees 0,1"]

@@ -491,3 +491,16 @@ def test_a_plan_asking_two_mig_slices_per_job_is_refused_even_without_slurm(tmp_
                                    partitions_of=lambda: None)
     make_plan(tmp_path, bin_dir, strategies=["gpu"], resources={"gpu_model": "a100_3g.20gb"}) \
         .check_against_cluster(limits_of=lambda partition: None, partitions_of=lambda: None)
+
+
+def test_ranks_with_a_gpu_each_are_bound_to_it_and_shared_gpus_are_not(tmp_path, bin_dir):
+    def prefix(strategy, **over):
+        plan = make_plan(tmp_path, bin_dir, strategies=[strategy], **over)
+        return plan.launch_prefix(strategy)
+
+    cuda = {"distributed": {"world_size": 2, "device": "cuda"}}
+    for strategy in ("ddp", "fsdp", "lightning"):
+        assert "launch --cpus-per-task 2 --gpus-per-task 1" in prefix(strategy, **cuda)
+    assert "--gpus-per-task 1" in prefix("gpu")
+    assert "--gpus-per-task" not in prefix("mps", **cuda)  # the replicas share one GPU
+    assert "--gpus-per-task" not in prefix("ddp") and "--gpus-per-task" not in prefix("cpu")

@@ -121,8 +121,12 @@ class Strategy:
         of its own too, so a preempted segment ends its job well (Slurm signals the steps,
         not the batch script that the Snakemake jobstep runs in)."""
         spawn = " --self-spawning" if cls.self_spawning else ""
+        # on cuda, Slurm binds each rank's step task to its own GPU (the rank then sees one,
+        # ddp.gpu_index); ranks that share one GPU (mps) are not bound
+        bind = " --gpus-per-task 1" if cls.gpus_per_node(run.config) and (
+            cls.gpu_per_rank or not cls.launched) else ""
         return (f"{python} -m cifarflow launch "
-                f"--cpus-per-task {run.resources['cpus_per_task']}{spawn} --")
+                f"--cpus-per-task {run.resources['cpus_per_task']}{bind}{spawn} --")
 
     @classmethod
     def command_prefix(cls, python: str, run) -> str:
