@@ -8,7 +8,7 @@ from pathlib import Path
 
 from .early_stop import EarlyStop, hint_for
 from .files import read_jsonl
-from .tries import tries_of
+from .tries import ended_states, tries_of
 
 COLUMNS = ["run", "strategy", "device", "model", "batch_size", "world_size", "cpus_per_task",
            "epochs", "amp",
@@ -59,7 +59,7 @@ def data_columns(data_id: str, record: dict | None) -> dict:
     return {"data_source": "cifar-10" if data_id else "", "data_md5": data_id}
 
 
-def summarize_run(name: str, run: dict) -> dict:
+def summarize_run(name: str, run: dict, states_of=None) -> dict:
     spec, res = run["spec"], run["resources"]
     row = {"run": name, "strategy": run["strategy"], "device": spec["device"], "model": spec["model"],
            "batch_size": spec["batch_size"], "world_size": spec.get("world_size", 1),
@@ -83,7 +83,7 @@ def summarize_run(name: str, run: dict) -> dict:
         requeues[r["segment"]] = max(requeues.get(r["segment"], 0), r.get("requeue", 0))
     row["attempts"] = sum(attempts.values())  # a retried segment counts each try
     ends = Counter(t["ended"] for t in tries_of(Path(path).parent.parent, None, invocation="",
-                                                logs_dir=run.get("logs")))
+                                                states_of=states_of, logs_dir=run.get("logs")))
     row["try_ends"] = ", ".join(f"{end} {n}" for end, n in sorted(ends.items()))
     row["requeues"] = sum(requeues.values())
     row["early_stops"] = sum(1 for r in meta.get("segment_runs", []) if r["stopped"])
@@ -452,7 +452,9 @@ def aggregate(runs: dict, out_dir: Path, plots_dir: Path, keep_missing: bool = F
 
     out_dir.mkdir(parents=True, exist_ok=True)
     plots_dir.mkdir(parents=True, exist_ok=True)
-    rows = [summarize_run(name, run) for name, run in runs.items()]
+    states = ended_states(Path(run["metrics"]).parent.parent for run in runs.values()
+                          if run.get("metrics"))  # one sacct for every run's killed tries
+    rows = [summarize_run(name, run, lambda jobs: states) for name, run in runs.items()]
     bad = [r["run"] for r in rows if r["status"] not in (*FINISHED, "pruned")]
     if bad and not keep_missing:
         raise ValueError(f"runs without complete metrics: {bad} (use --keep-going to "

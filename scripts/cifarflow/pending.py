@@ -1,15 +1,20 @@
 """Jobs that wait for what will never come: while the workflow runs on Slurm, a daemon
 thread of its main process asks squeue for this user's pending jobs now and then, keeps
 those of this workflow (their working directory is the workflow's), and names each one
-pending for a reason that does not clear by itself, once. No torch here."""
+pending for a reason that does not clear by itself, once; one that waits for a
+maintenance reservation is named too, with the reservation's end, and left to start.
+Also: the pending jobs an earlier run of the workflow queued (takeover). No torch here."""
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
+from datetime import datetime
 from typing import Callable
 
 from . import slurm
+from .limits import expand_hostlist
 
 # squeue reasons a job keeps until someone changes it, the partition or the cluster
 STUCK = {
@@ -30,29 +35,85 @@ STUCK = {
     "MaxMemPerLimit": "it asks more memory than the partition allows",
     "DependencyNeverSatisfied": "a job it depends on failed",
 }
-FORMAT = "%i|%Z|%r|%k|%P"  # job id, working directory, reason, comment (rule), partition
+NODE_NOT_AVAIL = "ReqNodeNotAvail"  # down or drained: stuck; reserved for maintenance: waits
+MAINTENANCE = "Reserved for maintenance"  # Slurm's words when a MAINT reservation blocks it
+# job id, working directory, reason, comment (rule_...), partition, nodes asked, submit time
+FORMAT = "%i|%Z|%r|%k|%P|%n|%V"
 
 
-def stuck_jobs(squeue_out: str, workdir: str) -> list[dict]:
-    """This workflow's pending jobs (`squeue --me -t PD -o FORMAT`) whose reason will not
-    clear by itself."""
+def submit_time(text: str) -> float | None:
+    try:
+        return datetime.fromisoformat(text.strip()).timestamp()
+    except ValueError:
+        return None
+
+
+def workflow_pending(squeue_out: str, workdir: str) -> list[dict]:
+    """This workflow's pending jobs (`squeue --me -t PD -o FORMAT`): those whose working
+    directory is the workflow's."""
     found, mine = [], os.path.realpath(workdir)
     for line in squeue_out.splitlines():
         parts = line.strip().split("|")
-        if len(parts) != 5 or os.path.realpath(parts[1]) != mine:
+        if len(parts) != 7 or os.path.realpath(parts[1]) != mine:
             continue
-        job, _, reason, comment, partition = parts
-        why = STUCK.get(reason.split(",")[0].strip("()").split(" ")[0])
-        if why:
-            found.append({"job": job, "reason": reason, "why": why, "partition": partition,
-                          "rule": comment.removeprefix("rule_") if comment != "(null)" else ""})
+        job, _, reason, comment, partition, nodes, submitted = parts
+        found.append({"job": job, "reason": reason, "partition": partition,
+                      "snakemake": comment.startswith("rule_"),  # the plugin's comment
+                      "rule": comment.removeprefix("rule_") if comment != "(null)" else "",
+                      "nodes": nodes if nodes != "(null)" else "",
+                      "submitted": submit_time(submitted)})
     return found
+
+
+def maintenance_of(job: dict, reservations: list[dict],
+                   partition_nodes: Callable[[str], str] = lambda name: "") -> str | None:
+    """What a job pending for ReqNodeNotAvail waits for where that is a maintenance (it
+    ends by itself): the MAINT reservation on the nodes Slurm names unavailable, else on
+    those the job asks, else on its partition's; None where no maintenance holds them (a
+    node is down or drained)."""
+    listed = job["reason"].partition("UnavailableNodes:")[2].strip()
+    hosts = set(expand_hostlist(listed or job["nodes"] or partition_nodes(job["partition"])))
+    held = [r for r in reservations if "MAINT" in r.get("Flags", "").split(",") and
+            ("ALL_NODES" in r.get("Flags", "").split(",") or
+             hosts & set(expand_hostlist(r.get("Nodes", ""))))]
+    if held:
+        last = max(held, key=lambda r: r.get("EndTime", ""))
+        return (f"maintenance reservation {last['ReservationName']} on {last.get('Nodes')} "
+                f"until {last.get('EndTime', 'an end Slurm does not say')}")
+    return "a maintenance reservation" if MAINTENANCE in job["reason"] else None
+
+
+def stuck_jobs(squeue_out: str, workdir: str,
+               maintenance: Callable[[dict], str | None] = lambda job: None) -> list[dict]:
+    """This workflow's pending jobs whose reason will not clear by itself, and those that
+    wait for a maintenance (``maintenance(job)`` says which, for ReqNodeNotAvail: "what"
+    it waits for, else None)."""
+    found = []
+    for job in workflow_pending(squeue_out, workdir):
+        word = job["reason"].split(",")[0].strip("()").split(" ")[0]
+        why = STUCK.get(word)
+        if why:
+            waits = maintenance(job) if word == NODE_NOT_AVAIL else None
+            found.append({**job, "why": why, "maintenance": waits})
+    return found
+
+
+def earlier_jobs(squeue_out: str, workdir: str, before: float) -> list[dict]:
+    """This workflow's pending jobs that Snakemake submitted before ``before`` (unix time):
+    an earlier run of the workflow's (Snakemake locks the working directory, so its
+    controller is gone)."""
+    return [j for j in workflow_pending(squeue_out, workdir)
+            if j["snakemake"] and j["submitted"] is not None and j["submitted"] < before]
 
 
 def describe(job: dict) -> str:
     what = f" ({job['rule']})" if job["rule"] else ""
-    return (f"Slurm job {job['job']}{what} is pending for {job['reason']} in partition "
-            f"{job['partition']}: {job['why']}; it will not start by itself: "
+    pending = (f"Slurm job {job['job']}{what} is pending for {job['reason']} in partition "
+               f"{job['partition']}")
+    if job.get("maintenance"):
+        return (f"{pending}: it waits for the {job['maintenance']}, and starts by itself "
+                "when the maintenance ends")
+    return (f"{pending}: {job['why']}; it will not start by itself: "
             f"scancel {job['job']}, then change the request or the partition (snakemake -n "
             "checks the plan against the partition)")
 
@@ -61,21 +122,35 @@ def squeue_pending() -> str:
     return slurm.pending_jobs(FORMAT)
 
 
+def partition_nodes(name: str) -> str:
+    return slurm.partition(name).get("Nodes", "")
+
+
 class PendingWatch:
     """Polls squeue every `interval_s` seconds from a daemon thread, while `active()` (the
-    workflow submits to Slurm); says each stuck job once through `say`."""
+    workflow submits to Slurm); says each stuck job once through `say`, and each job that
+    waits for a maintenance (asking `reservations()` then, once a look)."""
 
     def __init__(self, workdir: str, say: Callable[[str], None], interval_s: float = 60,
                  query: Callable[[], str] = squeue_pending,
-                 active: Callable[[], bool] = lambda: True):
+                 active: Callable[[], bool] = lambda: True,
+                 reservations: Callable[[], list[dict]] = slurm.reservations,
+                 nodes_of: Callable[[str], str] = partition_nodes):
         self.workdir, self.say, self.interval_s, self.query = workdir, say, interval_s, query
         self.active = active  # asked at each look: Snakemake knows its executor only then
+        self.reservations, self.nodes_of = reservations, nodes_of
         self.named: set[str] = set()
         self.stopped = threading.Event()
 
     def poll(self) -> list[str]:
-        lines = []
-        for job in stuck_jobs(self.query(), self.workdir):
+        lines, asked = [], functools.cache(self.reservations)
+
+        def maintenance(job: dict) -> str | None:
+            if job["job"] in self.named:
+                return None  # named already: nothing more to ask
+            return maintenance_of(job, asked(), self.nodes_of)
+
+        for job in stuck_jobs(self.query(), self.workdir, maintenance):
             if job["job"] not in self.named:
                 self.named.add(job["job"])
                 lines.append(describe(job))

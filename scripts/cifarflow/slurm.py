@@ -93,14 +93,27 @@ def job_alive(job: str) -> bool | None:
 
 
 def job_state(job: str) -> str | None:
-    """The job's state (CANCELLED, OUT_OF_MEMORY, ...): sacct where there is accounting,
-    else squeue while the controller remembers the job (MinJobAge); None where unknown."""
-    for argv in (["sacct", "-n", "-X", "-P", "-j", job, "-o", "State"],
-                 ["squeue", "-h", "-j", job, "--states=all", "-o", "%T"]):
-        words = ask(argv).stdout.split()
-        if words:
-            return words[0].rstrip("+")  # "CANCELLED by 0" -> CANCELLED
-    return None
+    """The job's state (CANCELLED, OUT_OF_MEMORY, ...); None where unknown."""
+    return job_states([job]).get(job)
+
+
+def job_states(jobs: list[str]) -> dict[str, str]:
+    """The state of each of these jobs, in one question: sacct where there is accounting,
+    else (and for the jobs it does not name) squeue while the controller remembers them
+    (MinJobAge). A job neither names is left out. Keyed by the unique id (an array task's
+    own, as SLURM_JOB_ID gives it)."""
+    found: dict[str, str] = {}
+    asks = ((lambda ids: ["sacct", "-X", "-P", "-n", "-j", ids, "-o", "JobIDRaw,State"], "|"),
+            (lambda ids: ["squeue", "--states=all", "-h", "-j", ids, "-o", "%A %T"], " "))
+    for argv, sep in asks:
+        left = sorted(set(filter(None, jobs)) - set(found))  # squeue: what sacct lacks
+        if not left:
+            break
+        for line in ask(argv(",".join(left))).stdout.splitlines():
+            job, _, state = line.strip().partition(sep)
+            if job in left and state.split():
+                found[job] = state.split()[0].rstrip("+")  # "CANCELLED by 0" -> CANCELLED
+    return found
 
 
 def job_tasks(job: str) -> int | None:
@@ -109,8 +122,9 @@ def job_tasks(job: str) -> int | None:
     return int(found.group(1)) if found else None
 
 
-def cancel(job: str) -> Reply:
-    return ask(["scancel", job])
+def cancel(*jobs: str) -> Reply:
+    """scancel these jobs, in one call."""
+    return ask(["scancel", *jobs])
 
 
 # ---- the cluster ----------------------------------------------------------------------
@@ -145,6 +159,13 @@ def pending_jobs(format: str) -> str:
     """This user's pending jobs, one line each in squeue's ``format``; "" where Slurm
     does not answer."""
     return ask(["squeue", "--me", "-h", "-t", "PD", "-o", format]).stdout
+
+
+def reservations() -> list[dict]:
+    """Every reservation (``scontrol show reservation``: Nodes, Flags, StartTime, EndTime,
+    ...); [] where there is none or Slurm does not answer."""
+    reply = ask(["scontrol", "-o", "show", "reservation"])
+    return [r for r in map(fields, reply.stdout.splitlines()) if r.get("ReservationName")]
 
 
 def submit_limits(user: str) -> list[int]:

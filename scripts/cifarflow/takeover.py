@@ -7,7 +7,12 @@ of the workflow that never ended and whose Slurm job (or, outside Slurm, process
 host) is still alive: it cancels it, waits until it has ended (a cancelled segment
 checkpoints at its next batch, as on preemption), and then resumes from that checkpoint as
 any retry does. A try that finds a newer run of the workflow's try of the same run is the
-stale one: it ends at once without training. One log line says which. No torch."""
+stale one: it ends at once without training. One log line says which.
+
+Where a run holds tries of an earlier run of the workflow, the try also cancels the jobs
+that run of the workflow queued and that still pend (in this working directory, submitted
+before this run of the workflow started): each would otherwise start, hold its allocation
+(a GPU while its venv builds) and end at once, or train beside this run. No torch."""
 
 from __future__ import annotations
 
@@ -19,9 +24,14 @@ from pathlib import Path
 
 from . import slurm
 from .job_env import job_id
+from .pending import earlier_jobs, squeue_pending
 from .tries import INVOCATION, read
 
 WAIT_S = 600  # the longest a cancelled try may take to checkpoint and end
+# looks at a cancelled job: after 2 s, 4 s, 8 s ..., then every 30 s (20 takeovers at
+# once ask the controller a few times a minute each, not once a second)
+POLL_S, POLL_MAX_S = 2.0, 30.0
+PENDING_ASKED: set[str] = set()  # runs of the workflow whose pending jobs this process saw to
 
 
 class Superseded(RuntimeError):
@@ -73,15 +83,39 @@ def cancel(entry: dict) -> None:
         os.kill(entry["pid"], signal.SIGCONT)
 
 
+def backoff(first: float, most: float):
+    """Waits between looks: ``first``, doubling, at most ``most``."""
+    wait = first
+    while True:
+        yield wait
+        wait = min(most, wait * 2)
+
+
+def cancel_earlier_pending(mine: str, say=print, query=squeue_pending, stop=slurm.cancel,
+                           workdir: str = ".") -> list[str]:
+    """Cancel this workflow's pending jobs submitted before run ``mine`` of the workflow
+    started (an earlier run's, whose controller is gone); their ids."""
+    jobs = [j["job"] for j in earlier_jobs(query(), workdir, started_at(mine))]
+    if jobs:
+        stop(*jobs)
+        say(f"[takeover] cancelled {len(jobs)} pending Slurm job(s) an earlier run of the "
+            f"workflow queued: {' '.join(jobs)} (this run of the workflow queues its own)")
+    return jobs
+
+
 def describe(entry: dict) -> str:
     return (f"Slurm job {entry['job_id']}" if entry.get("job_id") else
             f"process {entry.get('pid')} on {entry.get('host')}")
 
 
 def take_over(run_dir, run: str, say=print, is_alive=alive, stop=cancel, wait_s=WAIT_S,
-              poll_s=1.0, environ=os.environ) -> None:
+              poll_s=POLL_S, poll_max_s=POLL_MAX_S, environ=os.environ,
+              cancel_pending=cancel_earlier_pending, clock=time.monotonic,
+              sleep=time.sleep) -> None:
     """Before a try of ``run`` trains (rank 0): cancel an earlier run of the workflow's try
-    that still trains it and wait for its end; raise Superseded where a newer one does."""
+    that still trains it and wait for its end, looking at it less and less often; cancel
+    what that run of the workflow still has pending; raise Superseded where a newer run of
+    the workflow trains ``run``."""
     mine = environ.get(INVOCATION, "")
     if not mine:
         return  # not started by the workflow (a test, a hand-made command)
@@ -91,6 +125,10 @@ def take_over(run_dir, run: str, say=print, is_alive=alive, stop=cancel, wait_s=
         raise Superseded(f"{run} is trained by a newer run of the workflow ({describe(newer[-1])}, "
                          f"segment {newer[-1]['segment']}): this try of an earlier one does not train")
     me = job_id()
+    if me and mine not in PENDING_ASKED and \
+            any(e.get("invocation") not in ("", mine) for e in entries):
+        PENDING_ASKED.add(mine)  # once: a fused pack's members ask for one job
+        cancel_pending(mine, say)  # a restart: the earlier controller's queue goes too
     for entry in reversed(open_tries(entries)):
         theirs = entry.get("invocation", "")
         if not theirs or theirs == mine or (me and entry.get("job_id") == me):
@@ -102,10 +140,12 @@ def take_over(run_dir, run: str, say=print, is_alive=alive, stop=cancel, wait_s=
             f"{entry['attempt']}, of an earlier run of the workflow) still trains it: "
             "cancelling it, then resuming from its checkpoint")
         stop(entry)
-        t0 = time.monotonic()
-        while is_alive(entry):
-            if time.monotonic() - t0 > wait_s:
+        t0 = clock()
+        for pause in backoff(poll_s, poll_max_s):
+            if not is_alive(entry):
+                break
+            if clock() - t0 > wait_s:
                 raise Superseded(f"{who} did not end within {wait_s} s of its cancel: not "
                                  f"training {run} beside it")
-            time.sleep(poll_s)
-        say(f"[takeover] {run}: {who} ended after {time.monotonic() - t0:.1f} s")
+            sleep(pause)
+        say(f"[takeover] {run}: {who} ended after {clock() - t0:.1f} s")

@@ -82,14 +82,9 @@ def killed_for_memory(logs_dir, segment: int, attempt: int) -> bool:
     return False
 
 
-def tries_of(run_dir, segment: int | None, invocation: str | None = None,
-             state_of=slurm.job_state, logs_dir=None) -> list[dict]:
-    """The tries of ``segment`` (of all, for None) in this invocation (in all, where none
-    is set), oldest first, each with how it ended: its own end record, else its Slurm
-    job's state or what Slurm wrote in its log (``logs_dir``: the run's training logs)
-    when it killed it for memory, else "killed". One try per start, whatever its ranks
-    wrote."""
-    invocation = os.environ.get(INVOCATION, "") if invocation is None else invocation
+def recorded(run_dir, segment: int | None, invocation: str) -> list[dict]:
+    """The tries as tries.jsonl has them, oldest first: ``ended`` None where a try wrote
+    no end (see tries_of)."""
     tries: list[dict] = []
     open_try: dict[int, dict] = {}  # segment -> its latest try
     for entry in read(run_dir):
@@ -105,14 +100,41 @@ def tries_of(run_dir, segment: int | None, invocation: str | None = None,
             last = open_try[k]
             if last["ended"] != USER_ERROR:  # one rank's error to fix outweighs the rest
                 last["ended"], last["error"] = entry["ended"], entry.get("error")
+    return tries
+
+
+def unended_jobs(tries: list[dict]) -> list[str]:
+    return [t["job_id"] for t in tries if t["ended"] is None and t["job_id"]]
+
+
+def tries_of(run_dir, segment: int | None, invocation: str | None = None, states_of=None,
+             logs_dir=None) -> list[dict]:
+    """The tries of ``segment`` (of all, for None) in this invocation (in all, where none
+    is set), oldest first, each with how it ended: its own end record, else its Slurm
+    job's state or what Slurm wrote in its log (``logs_dir``: the run's training logs)
+    when it killed it for memory, else "killed". One try per start, whatever its ranks
+    wrote. ``states_of(job ids)`` gives the states of the jobs of the tries without an
+    end, asked once for them all (default: slurm.job_states; a summary of many runs asks
+    once for all of them: ended_states)."""
+    invocation = os.environ.get(INVOCATION, "") if invocation is None else invocation
+    tries = recorded(run_dir, segment, invocation)
+    jobs = unended_jobs(tries)
+    states = (states_of or slurm.job_states)(jobs) if jobs else {}
     for t in tries:
         if t["ended"] is None:
-            state = state_of(t["job_id"]) if t["job_id"] else None
-            t["ended"] = SLURM_ENDS.get(state or "", "killed")
+            t["ended"] = SLURM_ENDS.get(states.get(t["job_id"], ""), "killed")
             if t["ended"] != OUT_OF_MEMORY and killed_for_memory(logs_dir, t["segment"],
                                                                  t["attempt"]):
                 t["ended"] = OUT_OF_MEMORY
     return tries
+
+
+def ended_states(run_dirs, states_of=None) -> dict[str, str]:
+    """The Slurm states of the jobs of the tries without an end in these runs (of every
+    invocation), in one question: a summary of a whole results tree hands them to each
+    run's tries_of instead of asking once per run."""
+    jobs = [job for d in run_dirs for job in unended_jobs(recorded(d, None, ""))]
+    return (states_of or slurm.job_states)(jobs) if jobs else {}
 
 
 def out_of_memory_count(run_dir, segment: int, **kw) -> int:
@@ -124,7 +146,7 @@ def refusal(run_dir, segment: int, attempt: int, **kw) -> str | None:
     error a user must fix. None for a first try and after any other end."""
     if attempt <= 1 or not os.environ.get(INVOCATION):
         return None
-    tries = tries_of(run_dir, segment, state_of=lambda job: None, **kw)
+    tries = tries_of(run_dir, segment, states_of=lambda jobs: {}, **kw)
     if tries and tries[-1]["ended"] == USER_ERROR:
         last = tries[-1]
         return (f"segment {segment}: attempt {last['attempt']} failed with an error to fix, not "

@@ -1,11 +1,19 @@
-"""The controller dies, the jobs live on: the rerun never lets two jobs train one run."""
+"""The controller dies, the jobs live on: the rerun never lets two jobs train one run, cancels
+what the dead one left pending, and asks the controller about a job it waits for only a few
+times a minute."""
 
+import os
 import re
+import shutil
+import subprocess
+import time
 
 import pytest
 
 from conftest import assert_bit_identical, cli, snakemake, state_of
 from cifarflow import checkpoint as ckpt
+from cifarflow import takeover, tries
+from cifarflow.pending import FORMAT
 from test_slurm import CONFIG, freeze_training, job_state, slurm, start_long_segment, submitted
 
 pytestmark = pytest.mark.slurm
@@ -47,3 +55,83 @@ def test_a_rerun_after_the_controller_died_takes_over_the_live_job(tmp_path):
         "--threads", 1, timeout=900)
     assert_bit_identical(state_of(tmp_path / "results/runs/cpu/segment-1")["model"],
                          state_of(tmp_path / "reference")["model"])
+
+
+def sbatch(*args) -> str:
+    return subprocess.run(["sbatch", "--parsable", "-p", "debug", "--mem", "50", "-o",
+                           "/dev/null", *args], capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def held_job(workdir) -> str:
+    """A pending job of the workflow in `workdir`, as Snakemake's plugin submits one
+    (its comment names the rule); held, so it uses no CPU."""
+    return sbatch("--hold", "-D", str(workdir), "--comment", "rule_train_cpu_wildcards_cpu_1",
+                  "--wrap", "true")
+
+
+def restarted(tmp_path, monkeypatch, earlier_job: str) -> str:
+    """The run's tries.jsonl holds a try of an earlier run of the workflow (in
+    `earlier_job`), and this process is a try of the run of the workflow started now (in
+    the working directory tmp_path): returns its invocation."""
+    run_dir = tmp_path / "results/runs/cpu"
+    monkeypatch.setenv(tries.INVOCATION, "1000.1")
+    monkeypatch.setenv("SLURM_JOB_ID", earlier_job)
+    tries.record(run_dir, 1, 1, "start")
+    mine = f"{time.time():.0f}.{os.getpid()}"
+    monkeypatch.setenv(tries.INVOCATION, mine)
+    monkeypatch.setattr(takeover, "PENDING_ASKED", set())
+    monkeypatch.chdir(tmp_path)  # a job's working directory is the workflow's
+    return mine
+
+
+def test_a_restart_cancels_what_the_earlier_run_of_the_workflow_left_pending(tmp_path,
+                                                                              monkeypatch):
+    """Pending jobs of this working directory submitted before this run of the workflow
+    started are cancelled when its first try takes over; its own stay."""
+    earlier = held_job(tmp_path)
+    time.sleep(2)  # squeue gives submit times in whole seconds
+    ended = sbatch("--wrap", "true")
+    deadline = time.time() + 300  # the earlier try's job ended: nothing to wait for
+    while job_state(ended) != "COMPLETED" and time.time() < deadline:
+        time.sleep(0.5)
+    restarted(tmp_path, monkeypatch, ended)
+    time.sleep(2)
+    own = held_job(tmp_path)
+    monkeypatch.setenv("SLURM_JOB_ID", own)  # this try's job (the restarted workflow's)
+    said = []
+    try:
+        takeover.take_over(tmp_path / "results/runs/cpu", "cpu", say=said.append)
+        assert (job_state(earlier), job_state(own)) == ("CANCELLED", "PENDING")
+        assert said[0] == (f"[takeover] cancelled 1 pending Slurm job(s) an earlier run of the "
+                           f"workflow queued: {earlier} (this run of the workflow queues its own)")
+    finally:
+        subprocess.run(["scancel", earlier, own])
+
+
+@pytest.mark.slow  # a minute of looking at a job that will not end
+def test_a_job_that_will_not_end_is_asked_about_a_handful_of_times_a_minute(tmp_path,
+                                                                            monkeypatch):
+    """The earlier run of the workflow's try is still alive a minute after the takeover
+    (here: not cancelled at all, so on any machine): the take-over asks squeue about it 7
+    times in that minute (with a look a second: 62), and once for pending jobs."""
+    live = sbatch("--wrap", "sleep 300")
+    calls = tmp_path / "squeue.calls"
+    wrappers = tmp_path / "bin"
+    wrappers.mkdir()
+    (wrappers / "squeue").write_text(f'#!/bin/sh\necho "squeue $*" >> {calls}\n'
+                                     f'exec {shutil.which("squeue")} "$@"\n')
+    (wrappers / "squeue").chmod(0o755)
+    try:
+        restarted(tmp_path, monkeypatch, live)
+        monkeypatch.setenv("SLURM_JOB_ID", "1")  # this try's job: any other
+        monkeypatch.setenv("PATH", f"{wrappers}:{os.environ['PATH']}")
+        t0 = time.monotonic()
+        with pytest.raises(takeover.Superseded, match=f"Slurm job {live} did not end within 60 s"):
+            takeover.take_over(tmp_path / "results/runs/cpu", "cpu", say=lambda line: None,
+                               stop=lambda entry: None, wait_s=60)
+        assert time.monotonic() - t0 > 60
+        looks = calls.read_text().splitlines()
+        assert looks == [f"squeue --me -h -t PD -o {FORMAT}"] + [f"squeue -h -j {live} -o %T"] * 7
+    finally:
+        subprocess.run(["scancel", live])

@@ -110,10 +110,10 @@ def test_more_cores_or_memory_per_gpu_than_a_nodes_share_is_a_warning():
 
 
 SQUEUE = """\
-48|/work/sweep|DependencyNeverSatisfied|(null)|debug
-22|/work/sweep|PartitionConfig|rule_train_cpu_wildcards_cpu-pack001_1|debug
-45|/work/sweep|Resources|rule_train_cpu_wildcards_cpu-pack002_1|multi
-46|/elsewhere|PartitionConfig|rule_train_cpu_wildcards_cpu-pack001_1|debug
+48|/work/sweep|DependencyNeverSatisfied|(null)|debug||2026-12-06T17:40:09
+22|/work/sweep|PartitionConfig|rule_train_cpu_wildcards_cpu-pack001_1|debug||2026-12-06T17:40:09
+45|/work/sweep|Resources|rule_train_cpu_wildcards_cpu-pack002_1|multi||2026-12-06T17:40:10
+46|/elsewhere|PartitionConfig|rule_train_cpu_wildcards_cpu-pack001_1|debug||2026-12-06T17:40:10
 """
 
 

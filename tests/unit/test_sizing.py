@@ -103,12 +103,14 @@ def test_tries_end_as_recorded_else_as_slurm_says(tmp_path, invocation, monkeypa
     monkeypatch.setenv("SLURM_JOB_ID", "42")
     tries.record(tmp_path, 2, 2, "start")
     states = {"41": "OUT_OF_MEMORY", "42": "NODE_FAIL"}
-    got = tries.tries_of(tmp_path, 2, state_of=states.get)
+    asked = []
+    got = tries.tries_of(tmp_path, 2, states_of=lambda jobs: asked.append(jobs) or states)
     assert [t["ended"] for t in got] == ["out of memory", "node failure"]
-    assert tries.out_of_memory_count(tmp_path, 2, state_of=states.get) == 1
-    assert tries.tries_of(tmp_path, 2, state_of=lambda job: None)[0]["ended"] == "killed"
+    assert asked == [["41", "42"]]  # one question for every try without an end
+    assert tries.out_of_memory_count(tmp_path, 2, states_of=lambda jobs: states) == 1
+    assert tries.tries_of(tmp_path, 2, states_of=lambda jobs: {})[0]["ended"] == "killed"
     # another invocation's tries are not this one's
-    assert tries.tries_of(tmp_path, 2, invocation="later", state_of=states.get) == []
+    assert tries.tries_of(tmp_path, 2, invocation="later", states_of=lambda jobs: states) == []
 
 
 def test_a_retry_after_an_error_to_fix_is_refused_once_any_rank_reported_it(tmp_path, invocation,
@@ -142,7 +144,7 @@ def test_a_try_slurm_killed_for_memory_is_known_by_its_log(tmp_path, invocation)
     (logs / "segment-1.attempt2.requeue1.log").write_text(
         "slurmstepd: error: Detected 1 oom-kill event(s) in StepId=16.0.\n")
     (logs / "segment-1.attempt12.log").write_text("exceeded memory limit\n")  # not attempt 1
-    got = tries.tries_of(tmp_path, 1, state_of=lambda job: "FAILED", logs_dir=logs)
+    got = tries.tries_of(tmp_path, 1, states_of=lambda jobs: {"": "FAILED"}, logs_dir=logs)
     assert [t["ended"] for t in got] == ["out of memory", "out of memory"]
-    assert [t["ended"] for t in tries.tries_of(tmp_path, 1, state_of=lambda job: None)] == \
+    assert [t["ended"] for t in tries.tries_of(tmp_path, 1, states_of=lambda jobs: {})] == \
         ["killed", "killed"]

@@ -80,7 +80,7 @@ def test_job_queries_run_one_command_line_each(fake_bin):
     fake_bin("squeue", 'case "$*" in\n'
                        '  *%e*) echo 2031-05-04T10:20:30;;\n'
                        '  *"%V|%S"*) echo "2031-05-04T10:00:00|2031-05-04T10:01:15";;\n'
-                       '  *--states=all*) echo "CANCELLED";;\n'
+                       '  *--states=all*) echo "12 CANCELLED";;\n'
                        '  *%T*) echo RUNNING;;\n'
                        'esac')
     fake_bin("scontrol", 'echo "JobId=12 JobName=x\n   NumNodes=1 NumCPUs=4 NumTasks=4 '
@@ -94,12 +94,12 @@ def test_job_queries_run_one_command_line_each(fake_bin):
     assert slurm.cancel("12").ok
     assert fake_bin.calls() == [
         "squeue -h -j 12 -o %e", "squeue -h -j 12 -o %V|%S", "squeue -h -j 12 -o %T",
-        "squeue -h -j 12 --states=all -o %T", "scontrol show job 12", "scancel 12"]
+        "squeue --states=all -h -j 12 -o %A %T", "scontrol show job 12", "scancel 12"]
 
 
 def test_callers_read_slurm_through_the_module(fake_bin, monkeypatch, tmp_path):
     fake_bin("squeue", 'echo "N/A|N/A"')  # a pending job has no start yet
-    fake_bin("sacct", 'echo "OUT_OF_MEMORY+"')
+    fake_bin("sacct", 'echo "7|OUT_OF_MEMORY+"')
     fake_bin("scontrol", 'echo "JobId=7 NumTasks=4"')
     assert slurm.job_queue_wait_s("7") is None
     monkeypatch.delenv(tries.INVOCATION, raising=False)
@@ -111,10 +111,22 @@ def test_callers_read_slurm_through_the_module(fake_bin, monkeypatch, tmp_path):
 
 
 def test_job_state_prefers_accounting_and_drops_its_suffixes(fake_bin):
-    fake_bin("sacct", 'echo "CANCELLED by 0"')
-    fake_bin("squeue", "echo RUNNING")
+    fake_bin("sacct", 'echo "5|CANCELLED by 0"')
+    fake_bin("squeue", "echo 5 RUNNING")
     assert slurm.job_state("5") == "CANCELLED"
-    assert fake_bin.calls() == ["sacct -n -X -P -j 5 -o State"]
+    assert fake_bin.calls() == ["sacct -X -P -n -j 5 -o JobIDRaw,State"]
+
+
+def test_the_states_of_many_jobs_are_one_question(fake_bin):
+    """sacct once for all; squeue once, for the jobs sacct does not name (all of them where
+    there is no accounting); a job neither knows is left out."""
+    fake_bin("sacct", 'echo "7|OUT_OF_MEMORY"; echo "8|CANCELLED by 0"')
+    fake_bin("squeue", 'echo "9 TIMEOUT"; echo "10 FAILED"')
+    assert slurm.job_states(["9", "8", "7", "11", "8", ""]) == {
+        "7": "OUT_OF_MEMORY", "8": "CANCELLED", "9": "TIMEOUT"}  # 10: not asked for
+    assert fake_bin.calls() == ["sacct -X -P -n -j 11,7,8,9 -o JobIDRaw,State",
+                                "squeue --states=all -h -j 11,9 -o %A %T"]
+    assert slurm.job_states([]) == {} and len(fake_bin.calls()) == 2  # nothing to ask
 
 
 def test_read_limits_asks_scontrol_and_sacctmgr(fake_bin, monkeypatch):

@@ -1,10 +1,17 @@
 """Never two tries training one run: an earlier run of the workflow's live try is
-cancelled and waited for; a try of an earlier run finding a newer one's does not train."""
+cancelled and waited for (looked at less and less often); a try of an earlier run finding
+a newer one's does not train; the jobs an earlier run of the workflow left pending are
+cancelled."""
+
+import itertools
+from datetime import datetime
 
 import pytest
 
-from cifarflow import tries
-from cifarflow.takeover import Superseded, open_tries, take_over
+from cifarflow import takeover, tries
+from cifarflow.pending import FORMAT, earlier_jobs
+from cifarflow.takeover import (Superseded, backoff, cancel_earlier_pending, open_tries,
+                                take_over)
 
 
 def start(run_dir, monkeypatch, invocation, job, segment=1, attempt=1, end=None):
@@ -19,6 +26,11 @@ def start(run_dir, monkeypatch, invocation, job, segment=1, attempt=1, end=None)
 def clean_env(monkeypatch):
     for name in ("RANK", "SLURM_PROCID", "LOCAL_RANK", "CIFARFLOW_SLURM_JOB_ID"):
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(takeover, "PENDING_ASKED", set())  # each test a fresh process
+
+
+def no_pending(mine, say):
+    """The earlier run of the workflow left nothing pending (the cluster test cancels)."""
 
 
 def test_a_live_try_of_an_earlier_run_is_cancelled_and_waited_for(tmp_path, monkeypatch):
@@ -29,8 +41,9 @@ def test_a_live_try_of_an_earlier_run_is_cancelled_and_waited_for(tmp_path, monk
     monkeypatch.setenv("SLURM_JOB_ID", "20")
     polls, cancelled, said = iter([True, True, True, False]), [], []
     take_over(tmp_path, "cpu", say=said.append, is_alive=lambda e: next(polls),
-              stop=lambda e: cancelled.append(e["job_id"]), poll_s=0)
-    assert cancelled == ["12"]
+              stop=lambda e: cancelled.append(e["job_id"]), poll_s=0,
+              cancel_pending=lambda mine, say: cancelled.append(f"pending of {mine}"))
+    assert cancelled == ["pending of 2000.7", "12"]
     assert said[0] == ("[takeover] cpu: Slurm job 12 (segment 2, attempt 1, of an earlier run "
                        "of the workflow) still trains it: cancelling it, then resuming from "
                        "its checkpoint")
@@ -42,7 +55,7 @@ def test_dead_tries_and_the_runs_own_are_left_alone(tmp_path, monkeypatch):
     start(tmp_path, monkeypatch, "2000.7", "20")                       # this run, requeued
     asked = []
     take_over(tmp_path, "cpu", is_alive=lambda e: asked.append(e["job_id"]) or False,
-              stop=lambda e: pytest.fail("nothing to cancel"))
+              stop=lambda e: pytest.fail("nothing to cancel"), cancel_pending=no_pending)
     assert asked == ["12"]
 
 
@@ -52,7 +65,8 @@ def test_a_try_of_an_earlier_run_never_trains_after_a_newer_one_started(tmp_path
     monkeypatch.setenv("SLURM_JOB_ID", "21")
     with pytest.raises(Superseded, match="cpu is trained by a newer run of the workflow "
                                          r"\(Slurm job 30, segment 1\)"):
-        take_over(tmp_path, "cpu", is_alive=lambda e: False, stop=lambda e: None)
+        take_over(tmp_path, "cpu", is_alive=lambda e: False, stop=lambda e: None,
+                  cancel_pending=lambda mine, say: pytest.fail("a stale try cancels nothing"))
 
 
 def test_a_try_that_will_not_end_is_not_trained_beside(tmp_path, monkeypatch):
@@ -61,4 +75,64 @@ def test_a_try_that_will_not_end_is_not_trained_beside(tmp_path, monkeypatch):
     monkeypatch.setenv("SLURM_JOB_ID", "20")
     with pytest.raises(Superseded, match="did not end within 0 s of its cancel"):
         take_over(tmp_path, "cpu", say=lambda m: None, is_alive=lambda e: True,
-                  stop=lambda e: None, wait_s=0, poll_s=0)
+                  stop=lambda e: None, wait_s=0, poll_s=0, cancel_pending=no_pending)
+
+
+def test_a_cancelled_job_is_looked_at_less_and_less_often(tmp_path, monkeypatch):
+    """2 s, 4 s, 8 s, 16 s, then every 30 s: a job that outlives the whole 600 s is
+    asked about 26 times, not 603 (a clock of its own: no machine's speed counts)."""
+    assert list(itertools.islice(backoff(2, 30), 7)) == [2, 4, 8, 16, 30, 30, 30]
+    start(tmp_path, monkeypatch, "1000.1", "12")
+    monkeypatch.setenv(tries.INVOCATION, "2000.7")
+    monkeypatch.setenv("SLURM_JOB_ID", "20")
+    now, looks = [0.0], []
+    with pytest.raises(Superseded, match="did not end within 600 s"):
+        take_over(tmp_path, "cpu", say=lambda m: None,
+                  is_alive=lambda e: looks.append(now[0]) or True, stop=lambda e: None,
+                  cancel_pending=no_pending, clock=lambda: now[0],
+                  sleep=lambda s: now.__setitem__(0, now[0] + s))
+    assert looks[:7] == [0, 0, 2, 6, 14, 30, 60] and looks[-1] == 630
+    assert len(looks) == 26  # one before the cancel, 25 after (603 with a look a second)
+
+
+def squeue_line(job, workdir, submitted, comment="rule_train_cpu_wildcards_cpu_1"):
+    stamp = datetime.fromtimestamp(submitted).isoformat(timespec="seconds")
+    return f"{job}|{workdir}|Priority|{comment}|debug||{stamp}\n"
+
+
+def test_an_earlier_run_of_the_workflows_pending_jobs_are_cancelled(tmp_path, monkeypatch):
+    """Pending in this working directory, submitted by Snakemake (comment rule_...) before
+    this run of the workflow started: cancelled, in one scancel. This run's own, another
+    directory's and a job submitted by hand stay."""
+    assert FORMAT.split("|")[-1] == "%V"  # the submit time, as these lines give it
+    work = str(tmp_path)
+    queue = (squeue_line("31", work, 1990) + squeue_line("32", work, 1999)
+             + squeue_line("33", work, 2001)                        # this run's own
+             + squeue_line("34", "/elsewhere", 1990)                # another workflow's
+             + squeue_line("35", work, 1990, comment="(null)"))     # sbatch by hand
+    assert [j["job"] for j in earlier_jobs(queue, work, 2000.0)] == ["31", "32"]
+    stopped, said = [], []
+    got = cancel_earlier_pending("2000.7", said.append, query=lambda: queue,
+                                 stop=lambda *jobs: stopped.append(jobs), workdir=work)
+    assert got == ["31", "32"] and stopped == [("31", "32")]
+    assert said == ["[takeover] cancelled 2 pending Slurm job(s) an earlier run of the workflow "
+                    "queued: 31 32 (this run of the workflow queues its own)"]
+    assert cancel_earlier_pending("1000.1", said.append, query=lambda: queue,
+                                  stop=lambda *jobs: pytest.fail("none"), workdir=work) == []
+
+
+def test_pending_jobs_are_looked_for_once_a_process_and_only_after_a_restart(tmp_path,
+                                                                            monkeypatch):
+    asked = []
+    start(tmp_path, monkeypatch, "2000.7", "20")                       # only this run's tries
+    take_over(tmp_path, "cpu", cancel_pending=lambda mine, say: asked.append(mine))
+    assert asked == []
+    start(tmp_path / "other", monkeypatch, "1000.1", "12", end="completed")
+    monkeypatch.setenv(tries.INVOCATION, "2000.7")
+    for _ in range(2):  # a fused pack: each member takes over, one look for the job
+        take_over(tmp_path / "other", "cpu", cancel_pending=lambda mine, say: asked.append(mine))
+    assert asked == ["2000.7"]
+    monkeypatch.setattr(takeover, "PENDING_ASKED", set())
+    monkeypatch.delenv("SLURM_JOB_ID")                                  # not under Slurm
+    take_over(tmp_path / "other", "cpu", cancel_pending=lambda mine, say: asked.append(mine))
+    assert asked == ["2000.7"]

@@ -1,0 +1,146 @@
+"""What the workflow asks the real controller, counted: the states of a results tree's
+killed tries in one question (sacct, then squeue: this cluster has no accounting), and a
+job held by a maintenance reservation named as waiting for it, not as never starting.
+Slurm's clients are the real ones, behind a wrapper first on PATH that counts each call."""
+
+import csv
+import getpass
+import json
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from cifarflow import slurm, tries
+from cifarflow.aggregate import aggregate
+from cifarflow.pending import PendingWatch, squeue_pending, workflow_pending
+
+pytestmark = pytest.mark.slurm
+
+
+@pytest.fixture
+def counted(tmp_path, monkeypatch):
+    """sacct and squeue first on PATH: each call logged, then the real command. Returns a
+    function giving the logged calls, clearing the log."""
+    wrappers, log = tmp_path / "counted-bin", tmp_path / "calls.log"
+    wrappers.mkdir()
+    for name in ("sacct", "squeue"):
+        real = shutil.which(name)
+        (wrappers / name).write_text(f'#!/bin/sh\necho "{name} $*" >> {log}\nexec {real} "$@"\n')
+        (wrappers / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{wrappers}:{os.environ['PATH']}")
+
+    def calls() -> list[str]:
+        lines = log.read_text().splitlines() if log.exists() else []
+        log.write_text("")
+        return lines
+
+    return calls
+
+
+def sbatch(*args) -> str:
+    return subprocess.run(["sbatch", "--parsable", "-p", "debug", "-c", "1", "--mem", "50",
+                           "-o", "/dev/null", *args], capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def state(job: str) -> str:
+    return subprocess.run(["squeue", "-t", "all", "-h", f"-j{job}", "-o", "%T"],
+                          capture_output=True, text=True).stdout.strip()
+
+
+def wait_for(job: str, states, timeout_s=300) -> str:
+    deadline = time.time() + timeout_s
+    while state(job) not in states and time.time() < deadline:
+        time.sleep(0.5)
+    return state(job)
+
+
+def write_run(results: Path, name: str, tried: list[tuple]) -> dict:
+    """A finished one-epoch run whose tries.jsonl holds `tried`: (segment, job id, end or
+    None: killed, no end written)."""
+    run_dir = results / "runs" / name
+    seg = run_dir / "segment-1"
+    seg.mkdir(parents=True)
+    (seg / "metrics.jsonl").write_text(json.dumps({
+        "epoch": 1, "train_loss": 2.0, "test_acc": 0.3, "images_per_sec": 100.0,
+        "wall_s": 1.0, "peak_mem_mb": 10.0}) + "\n")
+    (seg / "checkpoint.json").write_text("{}")
+    with open(run_dir / tries.TRIES, "w") as f:
+        for attempt, (segment, job, end) in enumerate(tried, 1):
+            f.write(json.dumps({"segment": segment, "attempt": attempt, "event": "start",
+                                "job_id": job, "invocation": "1000.1"}) + "\n")
+            if end:
+                f.write(json.dumps({"segment": segment, "attempt": attempt, "event": "end",
+                                    "job_id": job, "invocation": "1000.1", "ended": end}) + "\n")
+    return {"strategy": "cpu", "resources": {"cpus_per_task": 1}, "segments": 1,
+            "spec": {"device": "cpu", "model": "lenet", "batch_size": 100, "epochs": 1},
+            "metrics": str(seg / "metrics.jsonl"), "logs": str(results / "logs" / name)}
+
+
+def test_a_results_trees_killed_tries_are_one_question(tmp_path, counted):
+    """Three runs, three tries without an end (a failed job, a cancelled one, one still
+    pending), one that ended well: the summary asks sacct once and squeue once for the
+    three (before: a sacct and a squeue for each), and each try ends as its job did."""
+    failed, done = sbatch("--wrap", "false"), sbatch("--wrap", "true")
+    cancelled, held = sbatch("--hold", "--wrap", "true"), sbatch("--hold", "--wrap", "true")
+    try:
+        subprocess.run(["scancel", cancelled], check=True)
+        assert wait_for(failed, ("FAILED",)) == "FAILED"
+        assert wait_for(done, ("COMPLETED",)) == "COMPLETED"
+        assert wait_for(cancelled, ("CANCELLED",)) == "CANCELLED"
+        results = tmp_path / "results"
+        runs = {"a": write_run(results, "a", [(1, failed, None)]),
+                "b": write_run(results, "b", [(1, cancelled, None)]),
+                "c": write_run(results, "c", [(1, done, "completed"), (2, held, None)])}
+        counted()
+        aggregate(runs, results, results / "plots", keep_missing=True)
+        calls = counted()
+        jobs = ",".join(sorted([failed, cancelled, held]))
+        assert calls == [f"sacct -X -P -n -j {jobs} -o JobIDRaw,State",  # no accounting: exit 1
+                         f"squeue --states=all -h -j {jobs} -o %A %T"], calls
+        with open(results / "summary.csv") as f:
+            rows = {r["run"]: r for r in csv.DictReader(f)}
+        assert {run: rows[run]["try_ends"] for run in rows} == {
+            "a": "killed 1", "b": "cancelled 1", "c": "completed 1, killed 1"}
+        assert slurm.job_states([failed, cancelled, held, done]) == {
+            failed: "FAILED", cancelled: "CANCELLED", held: "PENDING", done: "COMPLETED"}
+    finally:
+        subprocess.run(["scancel", held])
+
+
+def test_a_job_held_by_a_maintenance_reservation_is_not_named_as_never_starting(tmp_path):
+    """A MAINT reservation on n1 from now on, a job of this workflow asking n1: Slurm keeps
+    it pending for ReqNodeNotAvail; the pending watch names it as waiting for the
+    reservation, with the reservation's end, and without scancel advice."""
+    name = f"cifarflow-test-{tmp_path.name}"[:60]
+    subprocess.run(["scontrol", "create", "reservation", f"reservationname={name}",
+                    "starttime=now", "duration=30", "nodes=n1", "flags=maint,ignore_jobs",
+                    f"users={getpass.getuser()}"], check=True, capture_output=True)
+    job = None
+    try:
+        job = subprocess.run(
+            ["sbatch", "--parsable", "-p", "multi", "-w", "n1", "--mem", "50", "-D", str(tmp_path),
+             "--comment", "rule_train_cpu_wildcards_cpu_1", "--wrap", "true"],
+            capture_output=True, text=True, check=True).stdout.strip()
+        deadline, reason = time.time() + 120, ""
+        while not reason.startswith("ReqNodeNotAvail") and time.time() < deadline:
+            time.sleep(0.5)
+            found = [j for j in workflow_pending(squeue_pending(), str(tmp_path))
+                     if j["job"] == job]
+            reason = found[0]["reason"] if found else ""
+        assert reason.startswith("ReqNodeNotAvail"), reason
+        [end] = [r["EndTime"] for r in slurm.reservations() if r["ReservationName"] == name]
+        said = []
+        PendingWatch(str(tmp_path), said.append).poll()
+        assert said == [f"Slurm job {job} (train_cpu_wildcards_cpu_1) is pending for {reason} "
+                        f"in partition multi: it waits for the maintenance reservation {name} "
+                        f"on n1 until {end}, and starts by itself when the maintenance ends"]
+        assert state(job) == "PENDING"
+    finally:
+        if job:
+            subprocess.run(["scancel", job])
+        subprocess.run(["scontrol", "delete", f"reservation={name}"], capture_output=True)
