@@ -20,8 +20,7 @@ def put_engine_first(engine_dir: Path, environ=os.environ) -> None:
         environ["PYTHONPATH"] = os.pathsep.join([str(engine_dir), *entries])
 
 
-def keep_slurm_job_values(environ=os.environ, end_time_of=slurm.job_end_time,
-                          queue_wait_of=slurm.job_queue_wait_s) -> None:
+def keep_slurm_job_values(environ=os.environ, times_of=slurm.job_times) -> None:
     """The Slurm jobstep drops SLURM_* (but the job id) from the environment of what it runs.
     The jobstep itself reads common.smk first, before that: keep the job's values that the
     job commands need as CIFARFLOW_SLURM_*, once per job. The job's end and its wait in the
@@ -31,7 +30,8 @@ def keep_slurm_job_values(environ=os.environ, end_time_of=slurm.job_end_time,
         environ["CIFARFLOW_SLURM_JOB_ID"] = job_id
         for name in ("SLURM_TMPDIR", "SLURM_RESTART_COUNT", "SLURM_JOB_NUM_NODES"):
             environ[f"CIFARFLOW_{name}"] = environ.get(name, "")
-        facts = {"JOB_END_TIME": end_time_of(job_id), "QUEUE_WAIT_S": queue_wait_of(job_id)}
+        end, waited = times_of(job_id)  # one squeue call per job
+        facts = {"JOB_END_TIME": end, "QUEUE_WAIT_S": waited}
         for name, value in facts.items():
             environ[f"CIFARFLOW_SLURM_{name}"] = "" if value is None else repr(value)
 

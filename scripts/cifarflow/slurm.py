@@ -69,18 +69,23 @@ def _timestamp(text: str) -> float | None:
 
 
 # ---- one job --------------------------------------------------------------------------
+def job_times(job: str) -> tuple[float | None, float | None]:
+    """(when the job's time limit ends (unix time), seconds it waited in the queue between
+    its submission and its start), in one squeue call; None where unknown."""
+    reply = ask(["squeue", "-h", "-j", job, "-o", "%e|%V|%S"])
+    end, submit, start = (reply.stdout.strip().split("|") + ["", "", ""])[:3]
+    waited = _timestamp(submit), _timestamp(start)
+    return _timestamp(end), waited[1] - waited[0] if None not in waited else None
+
+
 def job_end_time(job: str) -> float | None:
     """When the job's time limit ends (unix time); None where unknown."""
-    reply = ask(["squeue", "-h", "-j", job, "-o", "%e"])
-    return _timestamp(reply.stdout)
+    return job_times(job)[0]
 
 
 def job_queue_wait_s(job: str) -> float | None:
     """Seconds between the job's submission and its start; None where unknown."""
-    reply = ask(["squeue", "-h", "-j", job, "-o", "%V|%S"])
-    submit, _, start = reply.stdout.strip().partition("|")
-    times = _timestamp(submit), _timestamp(start)
-    return times[1] - times[0] if None not in times else None
+    return job_times(job)[1]
 
 
 def job_alive(job: str) -> bool | None:

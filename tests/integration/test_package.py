@@ -151,16 +151,12 @@ def test_jobs_import_the_workflows_own_checkout_first(tmp_path):
 def test_slurm_values_are_kept_once_per_job():
     asked = []
 
-    def end_time_of(job):
-        asked.append(("end", job))
-        return 1796500000.0
-
-    def queue_wait_of(job):
-        asked.append(("wait", job))
-        return None  # no answer
+    def times_of(job):
+        asked.append(job)
+        return 1796500000.0, None  # the end; no answer for the wait
 
     def keep(environ):
-        keep_slurm_job_values(environ, end_time_of, queue_wait_of)
+        keep_slurm_job_values(environ, times_of)
 
     environ = {"SLURM_JOB_ID": "7", "SLURM_TMPDIR": "/localscratch/7", "SLURM_RESTART_COUNT": "1"}
     keep(environ)
@@ -171,14 +167,14 @@ def test_slurm_values_are_kept_once_per_job():
     del environ["SLURM_TMPDIR"], environ["SLURM_RESTART_COUNT"]  # what the jobstep drops
     keep(environ)
     assert environ["CIFARFLOW_SLURM_TMPDIR"] == "/localscratch/7"
-    assert asked == [("end", "7"), ("wait", "7")]  # once per job, not once per parse
+    assert asked == ["7"]  # one question per job, not once per parse
     environ["SLURM_JOB_ID"] = "8"  # another job (a retry) inheriting the old values
     keep(environ)
     assert (environ["CIFARFLOW_SLURM_JOB_ID"], environ["CIFARFLOW_SLURM_TMPDIR"]) == ("8", "")
-    assert asked[2:] == [("end", "8"), ("wait", "8")]
+    assert asked[1:] == ["8"]
     outside = {}
     keep(outside)
-    assert outside == {} and len(asked) == 4
+    assert outside == {} and len(asked) == 2
 
 
 def test_a_rank_reads_the_kept_job_facts_and_asks_slurm_only_where_none_were_kept():

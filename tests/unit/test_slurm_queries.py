@@ -78,27 +78,26 @@ def test_the_default_timeout_applies_to_every_query(fake_bin, monkeypatch):
 
 def test_job_queries_run_one_command_line_each(fake_bin):
     fake_bin("squeue", 'case "$*" in\n'
-                       '  *%e*) echo 2031-05-04T10:20:30;;\n'
-                       '  *"%V|%S"*) echo "2031-05-04T10:00:00|2031-05-04T10:01:15";;\n'
+                       '  *"%e|%V|%S"*) echo "2031-05-04T10:20:30|2031-05-04T10:00:00|'
+                       '2031-05-04T10:01:15";;\n'
                        '  *--states=all*) echo "12 CANCELLED";;\n'
                        '  *%T*) echo RUNNING;;\n'
                        'esac')
     fake_bin("scontrol", 'echo "JobId=12 JobName=x\n   NumNodes=1 NumCPUs=4 NumTasks=4 '
                          'CPUs/Task=1"')
     fake_bin("scancel", "")
-    assert slurm.job_end_time("12") == datetime(2031, 5, 4, 10, 20, 30).timestamp()
-    assert slurm.job_queue_wait_s("12") == 75.0
+    assert slurm.job_times("12") == (datetime(2031, 5, 4, 10, 20, 30).timestamp(), 75.0)
     assert slurm.job_alive("12") is True
     assert slurm.job_state("12") == "CANCELLED"  # no sacct here: squeue --states=all
     assert slurm.job_tasks("12") == 4
     assert slurm.cancel("12").ok
     assert fake_bin.calls() == [
-        "squeue -h -j 12 -o %e", "squeue -h -j 12 -o %V|%S", "squeue -h -j 12 -o %T",
+        "squeue -h -j 12 -o %e|%V|%S", "squeue -h -j 12 -o %T",
         "squeue --states=all -h -j 12 -o %A %T", "scontrol show job 12", "scancel 12"]
 
 
 def test_callers_read_slurm_through_the_module(fake_bin, monkeypatch, tmp_path):
-    fake_bin("squeue", 'echo "N/A|N/A"')  # a pending job has no start yet
+    fake_bin("squeue", 'echo "N/A|N/A|N/A"')  # a pending job has no start yet
     fake_bin("sacct", 'echo "7|OUT_OF_MEMORY+"')
     fake_bin("scontrol", 'echo "JobId=7 NumTasks=4"')
     assert slurm.job_queue_wait_s("7") is None
