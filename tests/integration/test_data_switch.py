@@ -114,6 +114,7 @@ def documented_data_commands() -> list[str]:
     return found
 
 
+@pytest.mark.slow  # three runs through the Slurm profile, ~40 s each (its executor's own waits)
 def test_the_documented_data_commands_fetch_and_a_synthetic_plan_then_is_refused(tmp_path, served):
     """README's and docs/slurm.md's commands, run as written (the project's Snakefile,
     its Slurm profile; the dataset rules are local rules), fetch the tarball (the docs'
