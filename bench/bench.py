@@ -133,7 +133,7 @@ def seed_run(batches: Path) -> dict:
 def spec_file(name: str, strategy: str, **settings) -> Path:
     """A spec.json planned as the workflow plans it (schema defaults, plan.py)."""
     from cifarflow.config import with_defaults
-    from cifarflow.plan import build_runs
+    from cifarflow.controller.plan import build_runs
 
     sections = {"train": {}, "distributed": {}}
     for key, value in settings.items():
@@ -197,7 +197,7 @@ def part_seed_vs_ours(batches: Path, reps: int, max_reps: int, deadline: float) 
 def part_amp(batches: Path, reps: int, max_reps: int, deadline: float) -> dict:
     """CPU bf16: lenet, batch 512, 2 threads, amp none vs bf16 (autocast), this CPU's
     features recorded beside the figures (bench/README.md, "CPU bf16")."""
-    from cifarflow.environment import cpu_features
+    from cifarflow.engine.hardware import cpu_features
 
     res = measure({amp: (lambda amp=amp: ours_run(f"cpu_amp_{amp}", {"strategy": "cpu",
                                                                      "amp": amp}, batches, 2))
@@ -220,7 +220,7 @@ def part_ddp(batches: Path, reps: int, max_reps: int, deadline: float) -> dict:
 def checkpoint_cost(model: str, batch_size: int, steps: int, batches: Path) -> dict:
     from cifarflow.config import TrainConfig
     from cifarflow.engine import Segment
-    from cifarflow.strategies import get_strategy
+    from cifarflow.engine.strategies import get_strategy
 
     work = OUT / "ckpt" / model
     shutil.rmtree(work, ignore_errors=True)

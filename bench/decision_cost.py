@@ -17,8 +17,8 @@ def main() -> None:
 
     from cifarflow.config import with_defaults
     from cifarflow.engine import StopController
-    from cifarflow.plan import build_runs
-    from cifarflow.strategies import get_strategy
+    from cifarflow.controller.plan import build_runs
+    from cifarflow.engine.strategies import get_strategy
 
     calls = int(sys.argv[1]) if len(sys.argv) > 1 else 2000
     cfg = build_runs(with_defaults({"strategies": ["ddp"]}))["ddp"].config

@@ -72,7 +72,7 @@ class UtilSampler(threading.Thread):
 
 def plan(name: str, strategy: str, settings: dict, gpus: int, epochs: int, data: dict):
     from cifarflow.config import with_defaults
-    from cifarflow.plan import build_runs
+    from cifarflow.controller.plan import build_runs
 
     config = with_defaults({
         "strategies": [strategy], "data": data,

@@ -63,8 +63,8 @@ def hand_written(mode: str, batches: str, epochs: int, batch_size: int, lr: floa
     import torch.nn.functional as F
 
     from cifarflow.data import load_split
-    from cifarflow.gpu_monitor import GpuSampler, nvml_reader
-    from cifarflow.models import build_model
+    from cifarflow.engine.gpu_monitor import GpuSampler, nvml_reader
+    from cifarflow.engine.models import build_model
 
     torch.set_num_threads(threads)
     torch.use_deterministic_algorithms(deterministic, warn_only=True)

@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from cifarflow import data  # noqa: E402
 from cifarflow.config import with_defaults  # noqa: E402
 from cifarflow.layout import RunPaths  # noqa: E402
-from cifarflow.plan import build_runs  # noqa: E402
+from cifarflow.controller.plan import build_runs  # noqa: E402
 
 OUT = ROOT / "bench" / "out" / "gpu_sweep"
 ENV = {**os.environ, "PYTHONPATH": str(ROOT / "scripts"), "PYTHONUNBUFFERED": "1"}

@@ -24,7 +24,7 @@ import json  # bench
 import sys  # bench
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts"))  # bench
-from cifarflow.loaders import verified_cifar10  # bench
+from cifarflow.engine.loaders import verified_cifar10  # bench
 
 parser = argparse.ArgumentParser(description='cifar10 classification models, cpu performance test')
 parser.add_argument('--lr', default=0.1, help='')

@@ -32,7 +32,7 @@ PROBE = """
 import json, sys, time
 t0 = time.perf_counter()
 from pathlib import Path
-from cifarflow.stage import stage_split
+from cifarflow.engine.stage import stage_split
 from cifarflow.data import load_split
 where = stage_split(Path(sys.argv[1]), sys.argv[2], say=lambda m: None)
 x, y = load_split(where, train=True)

@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from cifarflow import data  # noqa: E402
 from cifarflow.config import with_defaults  # noqa: E402
-from cifarflow.plan import build_runs  # noqa: E402
+from cifarflow.controller.plan import build_runs  # noqa: E402
 
 PY = sys.executable
 ENV = {**os.environ, "PYTHONPATH": str(ROOT / "scripts"), "PYTHONUNBUFFERED": "1"}
@@ -327,7 +327,7 @@ def train_until_saved(pids: list[int], work_dir: Path, step_s: float = 0.02,
     `step_s` until their in-segment checkpoint (`work_dir`) exists; they stay frozen there,
     before their segment ended, however fast the machine trains. Returns the checkpoint's
     manifest (its "epoch" and "step" are where a resume goes on)."""
-    from cifarflow import checkpoint as ckpt
+    from cifarflow.engine import checkpoint as ckpt
 
     for pid in pids:
         os.kill(pid, signal.SIGSTOP)

@@ -50,7 +50,7 @@ def cmd_train(a) -> dict:
 def train_recording_tries(args, user_errors: tuple) -> None:
     """``cifarflow train`` with its try in the run's tries.jsonl (start, how it ended); a
     retry whose previous try in this invocation ended with an error to fix ends at once."""
-    from . import tries  # no torch before the start is recorded: a kill may come early
+    from .job import tries  # no torch before the start is recorded: a kill may come early
     from .layout import segment_number
 
     if not args.work:
@@ -61,7 +61,7 @@ def train_recording_tries(args, user_errors: tuple) -> None:
         print(f"cifarflow train: error: {refused}", file=sys.stderr, flush=True)
         sys.exit(2)
     if tries.this_rank() == 0:
-        from .takeover import Superseded, take_over
+        from .job.takeover import Superseded, take_over
 
         try:  # never two tries training one run: an earlier workflow's job may live on
             take_over(run_dir, run_dir.name, say=lambda line: print(line, flush=True))
@@ -91,7 +91,7 @@ def train_recording_tries(args, user_errors: tuple) -> None:
 
 
 def cmd_train_pack(a) -> None:
-    from .pack import run_pack
+    from .job.pack import run_pack
 
     sys.exit(run_pack(a.pack, a.segment, a.members, results=a.results, data=a.data,
                       until_epoch=a.until_epoch, threads=a.threads, budget_min=a.budget_min,
@@ -102,7 +102,7 @@ def cmd_train_pack(a) -> None:
 
 
 def cmd_train_fused(a) -> None:
-    from .pack import train_fused_members
+    from .job.pack import train_fused_members
 
     sys.exit(train_fused_members(a.pack, a.segment, a.members, results=a.results, data=a.data,
                                  until_epoch=a.until_epoch, threads=a.threads,
@@ -111,13 +111,13 @@ def cmd_train_fused(a) -> None:
 
 
 def cmd_record_env(a) -> None:
-    from .environment import record_environment
+    from .job.environment import record_environment
 
     record_environment(Path(a.out), Path(a.freeze), a.expect_gpu)
 
 
 def cmd_aggregate(a) -> None:
-    from .aggregate import aggregate
+    from .results.aggregate import aggregate
 
     runs = json.loads(Path(a.runs).read_text())
     aggregate(runs, Path(a.out_dir), Path(a.plots_dir or Path(a.out_dir) / "plots"),
@@ -125,13 +125,13 @@ def cmd_aggregate(a) -> None:
 
 
 def cmd_show(a) -> None:
-    from .show import show
+    from .results.show import show
 
     print(show(Path(a.results), top=a.top))
 
 
 def cmd_mps_run(a) -> None:
-    from .mps_daemon import run_with_mps
+    from .job.mps_daemon import run_with_mps
 
     sys.exit(run_with_mps(a.command, replicas=a.replicas, dry_run=a.dry_run))
 
@@ -262,16 +262,16 @@ TRAINING_COMMANDS = ("train", "train-pack", "train-fused")
 def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] and argv[0] in TRAINING_COMMANDS:  # before torch imports: no notice is lost
-        from . import stop_signals
+        from .engine import stop_signals
 
         stop_signals.listen()
     if argv[:1] == ["launch"]:  # its own parser (everything after -- is the command); fast
-        from .launch import main as launch_main
+        from .job.launch import main as launch_main
 
         return launch_main(argv[1:])
-    from .checkpoint import CheckpointError
+    from .engine.checkpoint import CheckpointError
     from .data import DatasetError
-    from .strategies.base import StrategyError
+    from .engine.strategies.base import StrategyError
 
     args = parser().parse_args(argv)
     args.argv = argv  # the command line, for a command that runs itself again (train-pack)

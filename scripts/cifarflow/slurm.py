@@ -180,3 +180,38 @@ def submit_limits(user: str) -> list[int]:
         ["sacctmgr", "-n", "-P", "show", "assoc", f"where user={user}", "format=MaxSubmit"],
         ["sacctmgr", "-n", "-P", "show", "qos", "format=MaxSubmitPU"]))
     return [int(v) for v in text.split() if v.strip().isdigit()]
+
+
+# ---- this workflow's pending jobs (the controller's watch, a restarted workflow's takeover)
+# squeue --me -t PD: job id, working directory, reason, comment (rule_...), partition,
+# nodes asked, submit time
+PENDING_FORMAT = "%i|%Z|%r|%k|%P|%n|%V"
+
+
+def squeue_pending() -> str:
+    return pending_jobs(PENDING_FORMAT)
+
+
+def workflow_pending(squeue_out: str, workdir: str) -> list[dict]:
+    """This workflow's pending jobs (`squeue --me -t PD -o PENDING_FORMAT`): those whose
+    working directory is the workflow's."""
+    found, mine = [], os.path.realpath(workdir)
+    for line in squeue_out.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) != 7 or os.path.realpath(parts[1]) != mine:
+            continue
+        job, _, reason, comment, partition, nodes, submitted = parts
+        found.append({"job": job, "reason": reason, "partition": partition,
+                      "snakemake": comment.startswith("rule_"),  # the plugin's comment
+                      "rule": comment.removeprefix("rule_") if comment != "(null)" else "",
+                      "nodes": nodes if nodes != "(null)" else "",
+                      "submitted": _timestamp(submitted)})
+    return found
+
+
+def earlier_jobs(squeue_out: str, workdir: str, before: float) -> list[dict]:
+    """This workflow's pending jobs that Snakemake submitted before ``before`` (unix time):
+    an earlier run of the workflow's (Snakemake locks the working directory, so its
+    controller is gone)."""
+    return [j for j in workflow_pending(squeue_out, workdir)
+            if j["snakemake"] and j["submitted"] is not None and j["submitted"] < before]

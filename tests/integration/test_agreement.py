@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from conftest import ENV, PY, assert_bit_identical, metrics_of, same_metrics, spec, train
-from cifarflow import checkpoint as ckpt
+from cifarflow.engine import checkpoint as ckpt
 
 # one StopController for all: test-fast proves the agreement with ddp, make test with each
 STRATEGIES = ["ddp", *(pytest.param(s, marks=pytest.mark.slow) for s in ("fsdp", "lightning"))]

@@ -8,11 +8,11 @@ import torch
 
 from conftest import (ENV, PY, ROOT, assert_bit_identical, cli, metrics_of, same_metrics, spec,
                       state_of, train)
-from cifarflow import checkpoint as ckpt
-from cifarflow.launch import launch_argv, world_of
-from cifarflow.strategies.base import StrategyError
-from cifarflow.strategies.base import apply_cuda_switches
-from cifarflow.strategies.ddp import (dist_env, first_host, gpu_index, port_for_job,
+from cifarflow.engine import checkpoint as ckpt
+from cifarflow.job.launch import launch_argv, world_of
+from cifarflow.engine.strategies.base import StrategyError
+from cifarflow.engine.strategies.base import apply_cuda_switches
+from cifarflow.engine.strategies.ddp import (dist_env, first_host, gpu_index, port_for_job,
                                      require_dist_env, shared_gpus)
 
 COMMON = dict(epochs=2, momentum=0.9, lr=0.05)
@@ -85,7 +85,7 @@ def test_fsdp_matches_ddp_and_its_sharded_checkpoint_resumes(cifar_dir, ddp_b, t
 BUFFER_PROBE = """
 import sys, torch, torch.distributed as dist
 from cifarflow.config import TrainConfig
-from cifarflow.strategies import get_strategy
+from cifarflow.engine.strategies import get_strategy
 
 s = get_strategy("fsdp")(TrainConfig.read(sys.argv[1]), 1)
 s.setup()
@@ -180,7 +180,7 @@ def test_mps_wrapper_plans_a_private_daemon_then_refuses_without_gpu(tmp_path):
 def test_mps_directories_follow_slurm_tmpdir_past_the_jobstep(tmp_path):
     """Inside a job command the jobstep has dropped SLURM_TMPDIR; the workflow's copy
     (CIFARFLOW_SLURM_TMPDIR) is used instead of a shared /tmp."""
-    from cifarflow.mps_daemon import mps_dirs
+    from cifarflow.job.mps_daemon import mps_dirs
 
     dirs = mps_dirs({"CIFARFLOW_SLURM_TMPDIR": str(tmp_path), "SLURM_JOB_ID": "7"})
     assert dirs["CUDA_MPS_PIPE_DIRECTORY"] == f"{tmp_path}/nvidia-mps-7/pipe"

@@ -4,8 +4,8 @@ boundary, with a log line and a summary column; without the flag the change is r
 import pytest
 
 from conftest import PY, cli, metrics_of, snakemake, spec, summary_rows
-from cifarflow import checkpoint as ckpt
-from cifarflow.aggregate import summarize_run
+from cifarflow.engine import checkpoint as ckpt
+from cifarflow.results.aggregate import summarize_run
 
 COMMON = dict(epochs=3, lr=0.05, momentum=0.9)
 

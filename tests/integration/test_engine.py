@@ -10,7 +10,7 @@ import pytest
 
 from conftest import (ENV, PY, assert_bit_identical, cli, metrics_of, same_metrics, spec,
                       state_of, train)
-from cifarflow import checkpoint as ckpt
+from cifarflow.engine import checkpoint as ckpt
 
 SPEC = dict(epochs=3, scheduler="cosine", momentum=0.9, weight_decay=5e-4)
 
@@ -165,7 +165,7 @@ def test_changed_training_config_is_refused(cifar_dir, reference, tmp_path):
 CRASHING_WRITER = """
 import os, signal, sys
 from pathlib import Path
-from cifarflow import checkpoint as ckpt
+from cifarflow.engine import checkpoint as ckpt
 
 class Solo:
     is_main, device = True, "cpu"
@@ -258,7 +258,7 @@ def test_changed_synthetic_data_is_refused(cifar_dir, reference, tmp_path):
 def test_gpu_sampler_averages_what_it_read_during_the_epoch():
     """Recorded NVML readings (utilisation %, memory MB): each take() covers the samples
     since the previous one; the background thread keeps sampling until stopped."""
-    from cifarflow.gpu_monitor import GpuSampler
+    from cifarflow.engine.gpu_monitor import GpuSampler
 
     readings = iter([(90.0, 1000.0), (30.0, 1500.0), (60.0, 1200.0), (20.0, 800.0),
                      (10.0, 700.0)])
@@ -284,7 +284,7 @@ def test_gpu_sampler_averages_what_it_read_during_the_epoch():
 def test_advice_flags_an_under_used_gpu():
     import pandas as pd
 
-    from cifarflow.aggregate import COLUMNS, advice
+    from cifarflow.results.aggregate import COLUMNS, advice
 
     rows = [{c: None for c in COLUMNS} | {"run": run, "strategy": s, "device": d, "status": "ok",
                                           "images_per_sec": ips, "images_per_sec_per_core": ips,
@@ -325,7 +325,7 @@ def test_a_segment_records_what_it_used(cifar_dir, tmp_path):
 def test_bf16_on_cpu_two_segments_equal_one_bit_for_bit(cifar_dir, tmp_path, amp):
     """amp bf16 (autocast on the CPU) resumes like any other run; auto records what it chose:
     bf16 where this CPU computes it natively (AMX, AVX512-BF16), none elsewhere."""
-    from cifarflow.environment import cpu_features
+    from cifarflow.engine.hardware import cpu_features
 
     kw = {**SPEC, "epochs": 2, "amp": amp}
     train(cifar_dir, tmp_path / "one", spec_kw=kw)

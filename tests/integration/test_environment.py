@@ -5,7 +5,7 @@ import json
 import torch
 
 from conftest import cli
-from cifarflow.environment import kernel_problems
+from cifarflow.job.environment import kernel_problems
 
 ARCHS = ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120", "compute_120"]
 

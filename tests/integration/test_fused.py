@@ -20,10 +20,10 @@ import torch
 from conftest import (ENV, ROOT, SYNTHETIC, assert_bit_identical, cli, final_states, metrics_of,
                       snakemake, state_of, summary_rows, sweep_config)
 
-from cifarflow.checkpoint import read_manifest
+from cifarflow.engine.checkpoint import read_manifest
 from cifarflow.config import TrainConfig, with_defaults
 from cifarflow.layout import RunPaths
-from cifarflow.plan import build_runs
+from cifarflow.controller.plan import build_runs
 
 # Fused and alone differ only by float rounding: the fused step runs the members' convolutions
 # on the stacked weights' slices (not channels_last), the vectorised optimizer multiplies by a

@@ -8,7 +8,7 @@ import pytest
 
 from conftest import ROOT, metrics_of, spec, state_of, train
 from cifarflow.config import TrainConfig, schema
-from cifarflow.models import check_model
+from cifarflow.engine.models import check_model
 
 EXAMPLE = "examples.my_model:small_cnn"  # examples/my_model.py, imported from ROOT
 

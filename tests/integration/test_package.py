@@ -18,8 +18,9 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from conftest import ENV, PY, ROOT, build_wheelhouse, snakemake, spec
-from cifarflow.job_env import job_fact, keep_slurm_job_values, put_engine_first
-from cifarflow.wheelhouse import TRAINING_STACK, installed_closure
+from cifarflow.job.job_env import put_engine_first
+from cifarflow.jobfacts import job_fact, keep_slurm_job_values
+from cifarflow.controller.wheelhouse import TRAINING_STACK, installed_closure
 
 SUBCOMMANDS = ("fetch-data", "extract-data", "train", "record-env", "aggregate", "show",
                "launch", "mps-run")
@@ -86,7 +87,7 @@ def test_wheel_holds_every_module_the_command_and_the_ranges_constraints_pin(tmp
     modules = sorted(p.relative_to(project / "scripts").as_posix()
                      for p in (project / "scripts/cifarflow").rglob("*.py"))
     assert sorted(n for n in names if n.endswith(".py")) == modules
-    assert "cifarflow/strategies/base.py" in modules  # discovered at run time: must be there
+    assert "cifarflow/engine/strategies/base.py" in modules  # discovered at run time: must be there
     assert "[console_scripts]\ncifarflow = cifarflow.cli:main" in entry_points
 
     # the dependencies are requirements.txt's ranges; constraints.txt pins each at a
@@ -232,7 +233,7 @@ def venv_of(dists: dict, path: Path) -> Path:
 @pytest.mark.slow  # builds a venv: about 15 s
 def test_a_job_venv_needs_the_training_stack_only(tmp_path, cifar_dir):
     """env.mode slurm_tmpdir installs the training stack alone in each job (at this venv's
-    versions: cifarflow/wheelhouse.py). A venv holding exactly that (its distributions and
+    versions: cifarflow/controller/wheelhouse.py). A venv holding exactly that (its distributions and
     what they require, linked from this venv; the engine from PYTHONPATH, as in the jobs)
     runs a segment with TensorBoard, a Lightning segment and the environment record."""
     dists = installed_closure(TRAINING_STACK)

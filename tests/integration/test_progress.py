@@ -1,12 +1,12 @@
-"""Progress of a plan from its published segments (cifarflow/progress.py): segments
+"""Progress of a plan from its published segments (cifarflow/controller/progress.py): segments
 trained for real by `cifarflow train`, where the workflow puts them, a pruning point
 included."""
 
 from conftest import SYNTHETIC, cli
 from cifarflow.config import with_defaults
 from cifarflow.layout import RunPaths
-from cifarflow.plan import build_runs
-from cifarflow.progress import PlanProgress, ProgressWatch
+from cifarflow.controller.plan import build_runs
+from cifarflow.controller.progress import PlanProgress, ProgressWatch
 
 PRUNE = {"metric": "test_acc", "keep": 0.5, "at_segments": [1], "min_runs": 1}
 

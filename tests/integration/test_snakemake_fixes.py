@@ -1,5 +1,5 @@
 """Snakemake's own bug that cifarflow works around: a restarted job lost when a
-checkpoint finishes first (cifarflow/snakemake_fixes.py)."""
+checkpoint finishes first (cifarflow/controller/snakemake_fixes.py)."""
 
 import subprocess
 from pathlib import Path

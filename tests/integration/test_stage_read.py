@@ -7,7 +7,7 @@ import pytest
 
 from conftest import ENV, PY, SYNTHETIC, assert_bit_identical, cli, spec, state_of
 from cifarflow import data
-from cifarflow.stage import stage_split
+from cifarflow.engine.stage import stage_split
 
 SPEC = dict(strategy="ddp", world_size=2, epochs=1, batch_size=100, lr=0.05)
 

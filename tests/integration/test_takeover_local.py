@@ -11,7 +11,7 @@ from pathlib import Path
 
 from conftest import ENV, PY, assert_bit_identical, spec, state_of, train, train_until_saved
 
-from cifarflow import tries
+from cifarflow.job import tries
 
 
 def test_a_live_local_try_of_an_earlier_run_is_cancelled_and_resumed_from(tmp_path, cifar_dir):

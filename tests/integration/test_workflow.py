@@ -16,7 +16,7 @@ import pytest
 
 from conftest import (ENV, PY, ROOT, assert_bit_identical, metrics_of, probe_wheel, process_tree,
                       snakemake, state_of, summary_rows, train_until_saved, training_spec)
-from cifarflow import checkpoint as ckpt
+from cifarflow.engine import checkpoint as ckpt
 
 CONFIGS = ROOT / "tests" / "configs"
 
@@ -175,8 +175,8 @@ def test_a_new_strategy_is_one_new_file(tmp_path, local_run):
     for part in ("workflow", "scripts", "config"):
         shutil.copytree(ROOT / part, project / part, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "Snakefile", project / "Snakefile")
-    (project / "scripts/cifarflow/strategies/cpu_copy.py").write_text(
-        (ROOT / "scripts/cifarflow/strategies/cpu.py").read_text()
+    (project / "scripts/cifarflow/engine/strategies/cpu_copy.py").write_text(
+        (ROOT / "scripts/cifarflow/engine/strategies/cpu.py").read_text()
         .replace('name = "cpu"', 'name = "cpu_copy"').replace("CPUStrategy", "CPUCopyStrategy"))
     work = tmp_path / "work"
     cmd = [str(Path(PY).parent / "snakemake"), "-s", str(project / "Snakefile"), "--directory",
@@ -272,8 +272,8 @@ def test_show_keeps_a_300_run_sweep_readable(sweep_run, tmp_path, monkeypatch):
     """The sweep's runs.json, as the workflow wrote it, 75 times over (8 runs without
     metrics): the aggregate code's summary.csv, then the 20 most accurate runs, a count of
     the rest and of each status."""
-    from cifarflow.aggregate import aggregate
-    from cifarflow.show import show
+    from cifarflow.results.aggregate import aggregate
+    from cifarflow.results.show import show
 
     monkeypatch.chdir(sweep_run)  # runs.json holds paths relative to the workflow
     runs = json.loads(Path("results/runs.json").read_text())

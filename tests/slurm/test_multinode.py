@@ -15,7 +15,7 @@ import pytest
 
 from conftest import PY, ROOT, assert_bit_identical, build_wheelhouse, cli, metrics_of, state_of
 from conftest import probe_wheel, slurm_job_prefix, slurm_jobs, summary_rows, train_until_saved
-from cifarflow.wheelhouse import TRAINING_STACK, installed_closure, job_requirements
+from cifarflow.controller.wheelhouse import TRAINING_STACK, installed_closure, job_requirements
 from test_slurm import CONFIG, job_state, slurm, start_slurm, submitted, training_processes
 
 pytestmark = pytest.mark.slurm

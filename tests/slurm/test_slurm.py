@@ -16,7 +16,7 @@ import pytest
 
 from conftest import (ROOT, SLURM_RUNS, cancel_slurm_jobs, slurm_job_prefix, slurm_jobs, snakemake,
                       start_snakemake, summary_rows, training_spec)
-from cifarflow import checkpoint as ckpt
+from cifarflow.engine import checkpoint as ckpt
 from cifarflow.slurm import fields
 
 pytestmark = pytest.mark.slurm
@@ -222,7 +222,7 @@ def test_a_segment_reads_its_jobs_end_and_queue_wait_from_what_the_job_kept(tmp_
     both from its environment and runs no Slurm command (here it has none on its PATH)."""
     out, job, rank = tmp_path / "facts.txt", tmp_path / "job.py", tmp_path / "rank.py"
     job.write_text("import subprocess, sys\n"
-                   "from cifarflow.job_env import keep_slurm_job_values\n"
+                   "from cifarflow.jobfacts import keep_slurm_job_values\n"
                    "keep_slurm_job_values()  # what common.smk does in every job\n"
                    "subprocess.run([sys.executable, sys.argv[1]], check=True)\n")
     rank.write_text("import os\n"

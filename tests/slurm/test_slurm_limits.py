@@ -3,7 +3,7 @@
 import pytest
 
 from conftest import ROOT, snakemake
-from cifarflow.limits import read_limits
+from cifarflow.controller.limits import read_limits
 
 pytestmark = pytest.mark.slurm
 

@@ -14,9 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from cifarflow import slurm, tries
-from cifarflow.aggregate import aggregate
-from cifarflow.pending import PendingWatch, squeue_pending, workflow_pending
+from cifarflow import slurm
+
+from cifarflow.job import tries
+from cifarflow.results.aggregate import aggregate
+from cifarflow.controller.pending import PendingWatch
+from cifarflow.slurm import squeue_pending, workflow_pending
 
 pytestmark = pytest.mark.slurm
 

@@ -11,9 +11,10 @@ import time
 import pytest
 
 from conftest import assert_bit_identical, cli, snakemake, state_of
-from cifarflow import checkpoint as ckpt
-from cifarflow import takeover, tries
-from cifarflow.pending import FORMAT
+from cifarflow.engine import checkpoint as ckpt
+from cifarflow.job import takeover
+from cifarflow.job import tries
+from cifarflow.slurm import PENDING_FORMAT
 from test_slurm import CONFIG, freeze_training, job_state, slurm, start_long_segment, submitted
 
 pytestmark = pytest.mark.slurm
@@ -132,6 +133,6 @@ def test_a_job_that_will_not_end_is_asked_about_a_handful_of_times_a_minute(tmp_
                                stop=lambda entry: None, wait_s=60)
         assert time.monotonic() - t0 > 60
         looks = calls.read_text().splitlines()
-        assert looks == [f"squeue --me -h -t PD -o {FORMAT}"] + [f"squeue -h -j {live} -o %T"] * 7
+        assert looks == [f"squeue --me -h -t PD -o {PENDING_FORMAT}"] + [f"squeue -h -j {live} -o %T"] * 7
     finally:
         subprocess.run(["scancel", live])

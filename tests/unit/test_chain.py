@@ -9,9 +9,9 @@ import pytest
 import yaml
 
 from conftest import ROOT
-from cifarflow.chain import Chain
+from cifarflow.controller.chain import Chain
 from cifarflow.config import with_defaults
-from cifarflow.plan import build_packs, build_runs
+from cifarflow.controller.plan import build_packs, build_runs
 
 BASE = with_defaults(yaml.safe_load((ROOT / "config" / "config.yaml").read_text()))
 

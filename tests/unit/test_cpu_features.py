@@ -1,6 +1,6 @@
 """What the CPU computes natively (/proc/cpuinfo), and what amp: auto chooses from it."""
 
-from cifarflow.environment import bf16_native, cpu_features
+from cifarflow.engine.hardware import bf16_native, cpu_features
 
 SAPPHIRE_RAPIDS = """processor\t: 0
 vendor_id\t: GenuineIntel

@@ -7,7 +7,7 @@ import pytest
 from conftest import served_tarball
 from cifarflow import data
 from cifarflow.files import file_digest
-from cifarflow.loaders import Split, TensorBatches, TorchvisionBatches, shard, epoch_order
+from cifarflow.engine.loaders import Split, TensorBatches, TorchvisionBatches, shard, epoch_order
 
 
 def test_synthetic_archive_has_the_real_layout(cifar_dir):
@@ -95,7 +95,7 @@ def test_seed_path_rejects_a_swapped_meta_file(cifar_dir, tmp_path):
     copy = tmp_path / "cifar-10-batches-py"
     shutil.copytree(cifar_dir, copy)
     (copy / data.META_FILE).write_bytes(pickle.dumps({"label_names": ["x"] * 10}))
-    from cifarflow.loaders import verified_cifar10
+    from cifarflow.engine.loaders import verified_cifar10
 
     with pytest.raises(RuntimeError, match="metadata file not found or corrupted"):
         verified_cifar10(copy, True, None)
@@ -121,7 +121,7 @@ def seed_net_class():
 def test_lenet_is_the_seeds_net():
     import torch
 
-    from cifarflow.models import build_model
+    from cifarflow.engine.models import build_model
 
     ours, seed = build_model("lenet"), seed_net_class()()
     seed.load_state_dict(ours.state_dict())  # same parameter names and shapes

@@ -8,8 +8,8 @@ import torch.nn.functional as F
 from torch.profiler import profile
 
 from cifarflow.engine.build import seed_everything
-from cifarflow.loaders import Split, TensorBatches
-from cifarflow.models import build_model
+from cifarflow.engine.loaders import Split, TensorBatches
+from cifarflow.engine.models import build_model
 
 
 @pytest.fixture(autouse=True)

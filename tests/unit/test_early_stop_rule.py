@@ -6,7 +6,7 @@ import json
 import pandas as pd
 import pytest
 
-from cifarflow.aggregate import plateau_advice, summarize_run
+from cifarflow.results.aggregate import plateau_advice, summarize_run
 from cifarflow.config import with_defaults
 from cifarflow.early_stop import EarlyStop, Watch
 

@@ -5,7 +5,11 @@ import json
 
 import pytest
 
-from cifarflow import aggregate, checkpoint, tries
+from cifarflow.results import aggregate
+
+from cifarflow.engine import checkpoint
+
+from cifarflow.job import tries
 from cifarflow.files import CHUNK, file_digest, read_jsonl
 
 A, B, C = {"epoch": 1, "loss": 2.25}, {"epoch": 2, "nested": {"x": [1, 2]}}, {"epoch": 3}

@@ -2,7 +2,7 @@
 says how a sweep split."""
 
 from cifarflow.config import with_defaults
-from cifarflow.plan import build_packs, build_runs, describe_fusion, fuse_mode
+from cifarflow.controller.plan import build_packs, build_runs, describe_fusion, fuse_mode
 
 
 def runs_of(sweep: dict, **train):

@@ -4,9 +4,9 @@ GPU sampler records every epoch, however short (a fake NVML reader)."""
 
 import pytest
 
-from cifarflow.gpu_monitor import GpuSampler
-from cifarflow.strategies.base import StrategyError
-from cifarflow.strategies.ddp import gpu_index
+from cifarflow.engine.gpu_monitor import GpuSampler
+from cifarflow.engine.strategies.base import StrategyError
+from cifarflow.engine.strategies.ddp import gpu_index
 from test_workflow_plan import bin_dir, make_plan  # noqa: F401
 
 ONE_LINE = ("ddp: 4 ranks on this machine need a GPU each, but 1 GPU(s) visible: NCCL cannot "

@@ -5,7 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from cifarflow.job_env import prologue
+from cifarflow.job.job_env import prologue
 
 ENV = {"mode": "current", "modules": [], "venv": "", "requirements": "",
        "pip_no_index": True, "find_links": ""}

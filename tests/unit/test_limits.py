@@ -2,7 +2,7 @@
 
 import pytest
 
-from cifarflow.limits import check_plan, slurm_minutes
+from cifarflow.controller.limits import check_plan, slurm_minutes
 from cifarflow.slurm import fields
 
 

@@ -9,11 +9,11 @@ import pytest
 
 from cifarflow.cli import parser
 from cifarflow.config import with_defaults
-from cifarflow.gpu_monitor import visible_gpus
-from cifarflow.limits import check_fit
-from cifarflow.pack import GpuSlots, one_step, run_pack
-from cifarflow.plan import build_packs, build_runs, share_gpus
-from cifarflow.workflow import PlanError, job_shapes
+from cifarflow.engine.gpu_monitor import visible_gpus
+from cifarflow.controller.limits import check_fit
+from cifarflow.job.pack import GpuSlots, one_step, run_pack
+from cifarflow.controller.plan import build_packs, build_runs, share_gpus
+from cifarflow.controller.workflow import PlanError, job_shapes
 from test_fit import partitions
 from test_workflow_plan import bin_dir, make_plan, resources, wildcards  # noqa: F401
 

@@ -3,7 +3,8 @@ named, with scancel advice) and a maintenance reservation on the nodes (it start
 maintenance ends: named with the reservation's end, no scancel). Real squeue reasons and a
 real `scontrol -o show reservation` line of the test cluster."""
 
-from cifarflow.pending import PendingWatch, maintenance_of, stuck_jobs, workflow_pending
+from cifarflow.controller.pending import PendingWatch, maintenance_of, stuck_jobs
+from cifarflow.slurm import workflow_pending
 from cifarflow.slurm import fields
 
 RESERVATION = fields(

@@ -7,7 +7,7 @@ import yaml
 
 from conftest import ROOT
 from cifarflow.config import with_defaults
-from cifarflow.plan import build_runs, segment_targets
+from cifarflow.controller.plan import build_runs, segment_targets
 
 BASE = with_defaults(yaml.safe_load((ROOT / "config" / "config.yaml").read_text()))
 

@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from cifarflow.prune import check_prune, survivors
+from cifarflow.controller.prune import check_prune, survivors
 
 
 def test_the_best_fraction_goes_on_ties_by_name_and_diverged_runs_last():

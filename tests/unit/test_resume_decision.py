@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from conftest import spec
-from cifarflow import checkpoint as ckpt
+from cifarflow.engine import checkpoint as ckpt
 from cifarflow.config import TrainConfig
 from cifarflow.engine.resume import Choice, MidEpochResize, agree, compatible, decide
 

@@ -4,7 +4,7 @@ run follow the table."""
 
 import csv
 
-from cifarflow.show import show
+from cifarflow.results.show import show
 
 SUMMARY = [
     {"run": "slow_one", "strategy": "cpu", "test_acc": 0.61, "images_per_sec": 900.0,

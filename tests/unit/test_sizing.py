@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from cifarflow import tries
+from cifarflow.job import tries
 from cifarflow.config import budget_for, stop_after
-from cifarflow.sizing import Measured, Policy, Request, after_out_of_memory, autosized
+from cifarflow.controller.sizing import Measured, Policy, Request, after_out_of_memory, autosized
 
 
 def write_segment(root, k, epoch, history):

@@ -10,8 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from cifarflow import limits, slurm, takeover, tries
-from cifarflow.launch import launch_argv
+from cifarflow.controller import limits
+
+from cifarflow import slurm
+
+from cifarflow.job import takeover
+
+from cifarflow.job import tries
+from cifarflow.job.launch import launch_argv
 
 SLEEP = shutil.which("sleep")
 
@@ -149,7 +155,7 @@ def test_read_limits_asks_scontrol_and_sacctmgr(fake_bin, monkeypatch):
 
 
 def test_first_host_expands_through_scontrol_else_parses(fake_bin):
-    from cifarflow.strategies.ddp import first_host
+    from cifarflow.engine.strategies.ddp import first_host
 
     assert first_host("cn[0012-0014,0020],gpu7") == "cn0012"  # no scontrol: parsed
     fake_bin("scontrol", "echo node-a; echo node-b")

@@ -8,7 +8,7 @@ import pytest
 
 from conftest import ENV
 from cifarflow.data import DatasetError
-from cifarflow.stage import STAGED, stage_split
+from cifarflow.engine.stage import STAGED, stage_split
 
 
 def test_the_first_process_copies_and_verifies_the_next_checks_and_reuses(cifar_dir, tmp_path):
@@ -51,7 +51,7 @@ def test_where_nothing_is_staged(cifar_dir):
 
 
 def test_processes_of_one_node_stage_once(cifar_dir, tmp_path):
-    code = ("import sys; from pathlib import Path; from cifarflow.stage import stage_split; "
+    code = ("import sys; from pathlib import Path; from cifarflow.engine.stage import stage_split; "
             f"stage_split(Path({str(cifar_dir)!r}), 'slurm_tmpdir')")
     env = {**ENV, "SLURM_TMPDIR": str(tmp_path), "SLURM_JOB_ID": "7"}
     procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,

@@ -4,15 +4,15 @@ sizes stay those of their code, and the line counts files and bytes of every seg
 import pytest
 
 from cifarflow.config import with_defaults
-from cifarflow.plan import build_runs
-from cifarflow.storage import MODEL_BYTES, describe, state_bytes
+from cifarflow.controller.plan import build_runs
+from cifarflow.controller.storage import MODEL_BYTES, describe, state_bytes
 
 
 @pytest.mark.parametrize("name", sorted(MODEL_BYTES))
 def test_the_size_table_is_the_models_own(name):
     import torch
 
-    from cifarflow.models import build_model
+    from cifarflow.engine.models import build_model
 
     with torch.device("meta"):  # no memory: only the shapes
         model = build_model(name)

@@ -8,11 +8,11 @@ import re
 import pytest
 
 from conftest import ROOT
-from cifarflow.strategies import Strategy, registered
-from cifarflow.strategies.multiprocess import MultiProcessStrategy
+from cifarflow.engine.strategies import Strategy, registered
+from cifarflow.engine.strategies.multiprocess import MultiProcessStrategy
 from test_plan import runs_for
 
-BASE = ROOT / "scripts" / "cifarflow" / "strategies" / "base.py"
+BASE = ROOT / "scripts" / "cifarflow" / "engine" / "strategies" / "base.py"
 
 
 def contract() -> dict[str, str]:

@@ -8,9 +8,11 @@ from datetime import datetime
 
 import pytest
 
-from cifarflow import takeover, tries
-from cifarflow.pending import FORMAT, earlier_jobs
-from cifarflow.takeover import (Superseded, backoff, cancel_earlier_pending, open_tries,
+from cifarflow.job import takeover
+
+from cifarflow.job import tries
+from cifarflow.slurm import PENDING_FORMAT, earlier_jobs
+from cifarflow.job.takeover import (Superseded, backoff, cancel_earlier_pending, open_tries,
                                 take_over)
 
 
@@ -104,7 +106,7 @@ def test_an_earlier_run_of_the_workflows_pending_jobs_are_cancelled(tmp_path, mo
     """Pending in this working directory, submitted by Snakemake (comment rule_...) before
     this run of the workflow started: cancelled, in one scancel. This run's own, another
     directory's and a job submitted by hand stay."""
-    assert FORMAT.split("|")[-1] == "%V"  # the submit time, as these lines give it
+    assert PENDING_FORMAT.split("|")[-1] == "%V"  # the submit time, as these lines give it
     work = str(tmp_path)
     queue = (squeue_line("31", work, 1990) + squeue_line("32", work, 1999)
              + squeue_line("33", work, 2001)                        # this run's own

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, probe_wheel
-from cifarflow.job_env import pip_index_args
-from cifarflow.wheelhouse import (TRAINING_STACK, WheelhouseError, check_wheelhouse,
+from cifarflow.job.job_env import pip_index_args
+from cifarflow.controller.wheelhouse import (TRAINING_STACK, WheelhouseError, check_wheelhouse,
                                   installed_closure, job_requirements, missing_in_wheelhouse)
 
 

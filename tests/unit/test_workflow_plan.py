@@ -1,4 +1,4 @@
-"""The workflow's plan in-process (cifarflow/workflow.py), as common.smk builds it: each
+"""The workflow's plan in-process (cifarflow/controller/workflow.py), as common.smk builds it: each
 segment job's command line (the same as a pack member's), requests (autosize, a retry after
 out of memory, a pack's memory per core), Slurm placement, the runs file, the check against
 the cluster's limits, the jobs' command. No Snakemake runs here."""
@@ -16,14 +16,14 @@ from cifarflow.config import data_identity
 import yaml
 
 from conftest import ROOT
-from cifarflow import tries
-from cifarflow.wheelhouse import WheelhouseError
+from cifarflow.job import tries
+from cifarflow.controller.wheelhouse import WheelhouseError
 from cifarflow.cli import parser
 from cifarflow.config import with_defaults
 from cifarflow.layout import (RunPaths, attempt_log_name, attempt_logs_pattern, attempt_number,
                               attempt_log_sink)
-from cifarflow.pack import member_argv, next_attempt
-from cifarflow.workflow import (PlanError, WorkflowPlan, fetch_args, installed_command,
+from cifarflow.job.pack import member_argv, next_attempt
+from cifarflow.controller.workflow import (PlanError, WorkflowPlan, fetch_args, installed_command,
                                 mem_per_cpu, slurm_placement)
 
 BASE = with_defaults(yaml.safe_load((ROOT / "config" / "config.yaml").read_text()))

@@ -12,14 +12,20 @@ validate(config, schema="../schemas/config.schema.yaml")
 SCRIPTS = Path(workflow.basedir) / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 
-from cifarflow.job_env import keep_slurm_job_values, put_engine_first  # noqa: E402
+from cifarflow.controller.workflow import (
+    WorkflowPlan,
+    name_pattern,
+    pack_name_pattern,
+)  # noqa: E402
+from cifarflow.job.job_env import put_engine_first  # noqa: E402
+from cifarflow.jobfacts import keep_slurm_job_values  # noqa: E402
 from cifarflow.layout import RunPaths, attempt_log_sink, pack_marker  # noqa: E402
-from cifarflow.workflow import WorkflowPlan, name_pattern, pack_name_pattern  # noqa: E402
 
 put_engine_first(SCRIPTS)
 keep_slurm_job_values()
 
-# The plan (cifarflow/workflow.py): runs, packs, chains, each job's command line and request.
+# The plan (cifarflow/controller/workflow.py): runs, packs, chains, each job's command line
+# and request.
 PLAN = WorkflowPlan.from_config(
     config,
     workflow.basedir,

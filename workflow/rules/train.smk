@@ -35,7 +35,7 @@ for _strategy in PLAN.unpacked:
 
 
 # Packed strategies (pack.runs_per_job > 1): one checkpoint per pack and segment trains
-# segment k of each member that needs it (cifarflow/pack.py), one Slurm step per member;
+# segment k of each member that needs it (cifarflow/job/pack.py), one Slurm step per member;
 # each member's segment directory, log and attempt count are its own, as unpacked.
 for _strategy in PLAN.packed:
 

@@ -11,8 +11,8 @@ import torch
 import torch.utils.deterministic  # noqa: F401  (the fill switch)
 
 from ..config import TrainConfig
-from ..loaders import TensorBatches, TorchvisionBatches
-from ..models import build_model
+from .loaders import TensorBatches, TorchvisionBatches
+from .models import build_model
 
 
 def seed_everything(seed: int, deterministic: bool, compiled: bool) -> None:

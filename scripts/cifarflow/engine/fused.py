@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call, stack_module_state, vmap
 
-from ..loaders import eval_batches, normalize
+from .loaders import eval_batches, normalize
 from .build import build_placed_model, seed_everything
 from .stop import StopController
 

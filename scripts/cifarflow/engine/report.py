@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ..gpu_monitor import GpuSampler, nvml_reader
+from .gpu_monitor import GpuSampler, nvml_reader
 
 # TensorBoard tag -> metrics.jsonl field, written at every epoch's end
 EPOCH_SCALARS = {"train/loss_epoch": "train_loss", "train/acc": "train_acc",

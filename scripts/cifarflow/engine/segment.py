@@ -14,13 +14,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .. import checkpoint as ckpt
+from . import checkpoint as ckpt
 from ..config import TrainConfig
-from ..loaders import Split, eval_batches
-from ..stage import stage_split
+from .loaders import Split, eval_batches
+from .stage import stage_split
 from . import resume as resuming
-from .build import (build_batches, build_optimizer, build_placed_model, build_scheduler,
-                    rng_state, seed_everything, set_rng_state)
+from .build import (build_batches, build_optimizer, build_placed_model, build_scheduler, rng_state,
+                    seed_everything, set_rng_state)
 from .meter import EpochMeter
 from .report import Reporter
 from .state import Progress, slurm_restarts
@@ -381,7 +381,7 @@ class Segment:
 
 def run_training(cfg: TrainConfig, threads: int = 0, **segment_kw) -> dict:
     """Thin entry point: set the strategy up, let it drive a segment, always tear down."""
-    from ..strategies import get_strategy
+    from .strategies import get_strategy
 
     strategy = get_strategy(cfg.strategy)(cfg, threads)
     try:

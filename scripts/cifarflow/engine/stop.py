@@ -8,9 +8,10 @@ import time
 
 import torch
 
-from .. import slurm, stop_signals
+from .. import slurm
+from . import stop_signals
 from ..config import stop_after
-from ..job_env import job_fact
+from ..jobfacts import job_fact
 
 
 def slurm_end_time() -> float | None:

@@ -8,7 +8,7 @@ import resource
 import socket
 
 from .. import slurm
-from ..job_env import env_build_s, job_fact
+from ..jobfacts import env_build_s, job_fact
 
 
 def rank_usage() -> dict:

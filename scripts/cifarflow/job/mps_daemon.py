@@ -10,7 +10,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .gpu_monitor import visible_gpus
+from ..engine.gpu_monitor import visible_gpus
+
+
+def mps_gpus(members: int, per_gpu: int) -> int:
+    """GPUs of an MPS-shared pack: one per ``per_gpu`` members."""
+    return -(-members // per_gpu)
 
 
 def mps_dirs(environ=os.environ) -> dict:

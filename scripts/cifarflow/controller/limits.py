@@ -14,7 +14,7 @@ import math
 import re
 import os
 
-from . import slurm
+from .. import slurm
 
 
 def slurm_minutes(text: str) -> float | None:

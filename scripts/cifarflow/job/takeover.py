@@ -22,9 +22,9 @@ import socket
 import time
 from pathlib import Path
 
-from . import slurm
-from .job_env import job_id
-from .pending import earlier_jobs, squeue_pending
+from .. import slurm
+from ..jobfacts import job_id
+from ..slurm import earlier_jobs, squeue_pending
 from .tries import INVOCATION, read
 
 WAIT_S = 600  # the longest a cancelled try may take to checkpoint and end

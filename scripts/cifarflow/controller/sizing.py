@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import budget_for
+from ..config import budget_for
 
 MIN_MEM_MB = 256  # below this the Python interpreter and torch do not start
 

@@ -18,9 +18,9 @@ import socket
 import time
 from pathlib import Path
 
-from .data import MANIFEST, DatasetError
-from .files import file_digest
-from .job_env import job_id
+from ..data import MANIFEST, DatasetError
+from ..files import file_digest
+from ..jobfacts import job_id
 
 STAGED = ".staged.json"  # written last, by the process that copied and verified the split
 

@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Callable
 
 from .chain import Chain
-from .checkpoint import MANIFEST
-from .layout import RunPaths
+from ..engine.checkpoint import MANIFEST
+from ..layout import RunPaths
 from .pending import every
-from .show import duration
+from ..results.show import duration
 
 
 class NotPublished(Exception):

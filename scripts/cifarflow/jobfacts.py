@@ -1,23 +1,14 @@
-"""What the workflow's jobs inherit from the Snakemake process that plans them (locally, and
-through sbatch --export=ALL on a cluster). Called by workflow/rules/common.smk at parse
-time, in the main process and again in every job. No torch here."""
+"""What a Slurm job knows about itself, kept once per job and read by its processes: the
+Slurm jobstep drops SLURM_* (but the job id) from what it runs, so the job's Snakemake keeps
+the values as CIFARFLOW_SLURM_* (keep_slurm_job_values, from workflow/rules/common.smk),
+and a training process reads them here (job_id, job_fact, env_build_s) without running a
+Slurm command. Shared by every part; no torch here."""
 
 from __future__ import annotations
 
 import os
-import shlex
-from pathlib import Path
 
 from . import slurm
-
-
-def put_engine_first(engine_dir: Path, environ=os.environ) -> None:
-    """Jobs import the engine of the workflow's own checkout: first on PYTHONPATH, ahead of
-    an installed copy (`pip install -e .` of another checkout) and in job venvs that hold
-    only env.requirements (env.mode slurm_tmpdir)."""
-    entries = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if entries[:1] != [str(engine_dir)]:
-        environ["PYTHONPATH"] = os.pathsep.join([str(engine_dir), *entries])
 
 
 def keep_slurm_job_values(environ=os.environ, times_of=slurm.job_times) -> None:
@@ -58,32 +49,6 @@ def job_fact(name: str, ask, environ=os.environ) -> float | None:
     if environ.get("CIFARFLOW_SLURM_JOB_ID") == job and kept in environ:
         return float(environ[kept]) if environ[kept] else None
     return ask(job)
-
-
-def pip_index_args(env: dict) -> list[str]:
-    """pip's index options of a job venv (config.env): the cluster's wheelhouse only
-    (--no-index; Alliance's pip config names it) and the user's own (--find-links)."""
-    args = ["--no-index"] if env["pip_no_index"] else []
-    return args + (["--find-links", env["find_links"]] if env["find_links"] else [])
-
-
-def prologue(env: dict, basedir: Path, requirements: Path) -> str:
-    """Shell lines (each ending in ``&& ``) that give a job its software, from config.env:
-    the Alliance way is `module load`, a venv in $SLURM_TMPDIR and `pip install --no-index`
-    of ``requirements``, on every node the job holds (node_venv.sh: one srun task per node
-    where there are several, whatever placed them: ddp over nodes, a pack Slurm spread).
-    The build's wall time reaches the ranks as CIFARFLOW_ENV_BUILD_S (the segment's record)."""
-    lines = [f"module load {' '.join(env['modules'])}"] if env["modules"] else []
-    if env["mode"] == "slurm_tmpdir":
-        build = shlex.join([str(Path(basedir) / "workflow/scripts/node_venv.sh"),
-                            str(requirements), *pip_index_args(env)])
-        lines += ['export JOB_VENV="${CIFARFLOW_SLURM_TMPDIR:-${TMPDIR:-/tmp}/cifarflow.$SLURM_JOB_ID}/env"',
-                  "build_start=$SECONDS", build,
-                  "export CIFARFLOW_ENV_BUILD_S=$((SECONDS - build_start))",
-                  'source "$JOB_VENV/bin/activate"']
-    elif env["mode"] == "venv":
-        lines += [f"source {shlex.quote(env['venv'])}/bin/activate"]
-    return "".join(f"{line} && " for line in lines)
 
 
 def env_build_s(environ=os.environ) -> float | None:

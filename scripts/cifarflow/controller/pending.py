@@ -10,10 +10,10 @@ from __future__ import annotations
 import functools
 import os
 import threading
-from datetime import datetime
 from typing import Callable
 
-from . import slurm
+from .. import slurm
+from ..slurm import squeue_pending, workflow_pending
 from .limits import expand_hostlist
 
 # squeue reasons a job keeps until someone changes it, the partition or the cluster
@@ -37,33 +37,6 @@ STUCK = {
 }
 NODE_NOT_AVAIL = "ReqNodeNotAvail"  # down or drained: stuck; reserved for maintenance: waits
 MAINTENANCE = "Reserved for maintenance"  # Slurm's words when a MAINT reservation blocks it
-# job id, working directory, reason, comment (rule_...), partition, nodes asked, submit time
-FORMAT = "%i|%Z|%r|%k|%P|%n|%V"
-
-
-def submit_time(text: str) -> float | None:
-    try:
-        return datetime.fromisoformat(text.strip()).timestamp()
-    except ValueError:
-        return None
-
-
-def workflow_pending(squeue_out: str, workdir: str) -> list[dict]:
-    """This workflow's pending jobs (`squeue --me -t PD -o FORMAT`): those whose working
-    directory is the workflow's."""
-    found, mine = [], os.path.realpath(workdir)
-    for line in squeue_out.splitlines():
-        parts = line.strip().split("|")
-        if len(parts) != 7 or os.path.realpath(parts[1]) != mine:
-            continue
-        job, _, reason, comment, partition, nodes, submitted = parts
-        found.append({"job": job, "reason": reason, "partition": partition,
-                      "snakemake": comment.startswith("rule_"),  # the plugin's comment
-                      "rule": comment.removeprefix("rule_") if comment != "(null)" else "",
-                      "nodes": nodes if nodes != "(null)" else "",
-                      "submitted": submit_time(submitted)})
-    return found
-
 
 def maintenance_of(job: dict, reservations: list[dict],
                    partition_nodes: Callable[[str], str] = lambda name: "") -> str | None:
@@ -98,14 +71,6 @@ def stuck_jobs(squeue_out: str, workdir: str,
     return found
 
 
-def earlier_jobs(squeue_out: str, workdir: str, before: float) -> list[dict]:
-    """This workflow's pending jobs that Snakemake submitted before ``before`` (unix time):
-    an earlier run of the workflow's (Snakemake locks the working directory, so its
-    controller is gone)."""
-    return [j for j in workflow_pending(squeue_out, workdir)
-            if j["snakemake"] and j["submitted"] is not None and j["submitted"] < before]
-
-
 def describe(job: dict) -> str:
     what = f" ({job['rule']})" if job["rule"] else ""
     pending = (f"Slurm job {job['job']}{what} is pending for {job['reason']} in partition "
@@ -116,10 +81,6 @@ def describe(job: dict) -> str:
     return (f"{pending}: {job['why']}; it will not start by itself: "
             f"scancel {job['job']}, then change the request or the partition (snakemake -n "
             "checks the plan against the partition)")
-
-
-def squeue_pending() -> str:
-    return slurm.pending_jobs(FORMAT)
 
 
 def partition_nodes(name: str) -> str:

@@ -16,10 +16,10 @@ import socket
 import time
 from pathlib import Path
 
-from . import slurm
-from .files import read_jsonl
-from .job_env import job_id
-from .layout import attempt_logs_pattern
+from .. import slurm
+from ..files import read_jsonl
+from ..jobfacts import job_id
+from ..layout import attempt_logs_pattern
 
 TRIES = "tries.jsonl"
 INVOCATION = "CIFARFLOW_INVOCATION"  # set by the workflow's main process, inherited by jobs

@@ -252,8 +252,8 @@ class Strategy:
 
     @functools.cached_property
     def amp(self) -> str:
-        """train.amp on this process's device (auto resolved: environment.resolve_amp)."""
-        from ..environment import resolve_amp
+        """train.amp on this process's device (auto resolved: hardware.resolve_amp)."""
+        from ..hardware import resolve_amp
 
         return resolve_amp(self.cfg.amp, self.device)
 

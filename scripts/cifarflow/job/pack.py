@@ -31,13 +31,12 @@ import sys
 import time
 from pathlib import Path
 
-from .checkpoint import CheckpointError, atomic_write_text, read_manifest
-from .config import TrainConfig
-from .gpu_monitor import visible_gpus
-from .layout import RunPaths, attempt_logs_pattern, attempt_number, try_args
-from .mps_daemon import gpu_problem, mps_dirs, private_daemon
-from .plan import mps_gpus
-from .strategies.base import GPU_INDEX_ENV
+from ..engine.checkpoint import CheckpointError, atomic_write_text, read_manifest
+from ..config import TrainConfig
+from ..engine.gpu_monitor import visible_gpus
+from ..layout import RunPaths, attempt_logs_pattern, attempt_number, try_args
+from .mps_daemon import gpu_problem, mps_dirs, mps_gpus, private_daemon
+from ..engine.strategies.base import GPU_INDEX_ENV
 
 
 def member_argv(paths: RunPaths, k: int, data: str, until_epoch: int, threads: int,
@@ -319,10 +318,10 @@ def train_fused_members(pack: str, k: int, members: list[str], results: str, dat
     """`cifarflow train-fused`: each member's log (its own try, as unpacked), its try in
     tries.jsonl, then the fused training; each member's outcome in ``status``."""
     from . import tries
-    from .engine.fused import train_fused
-    from .engine.segment import Segment
-    from .engine.usage import ended_as
-    from .strategies import get_strategy
+    from ..engine.fused import train_fused
+    from ..engine.segment import Segment
+    from ..engine.usage import ended_as
+    from ..engine.strategies import get_strategy
     from .takeover import Superseded, take_over
 
     outcome, segments, logs = {}, [], []

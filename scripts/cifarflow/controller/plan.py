@@ -12,10 +12,10 @@ import itertools
 import math
 from dataclasses import dataclass, field
 
-from .config import TrainConfig, data_identity
+from ..config import TrainConfig, data_identity
 from .prune import check_prune
 from .sizing import Policy
-from .strategies import Strategy, get_strategy, registered
+from ..engine.strategies import Strategy, get_strategy, registered
 
 # sweep key -> (short name in run names, config section it overrides), for every strategy;
 # a strategy adds its own (Strategy.sweep_keys), of a section it reads (config_sections)
@@ -209,11 +209,6 @@ def describe_fusion(runs: dict[str, Run], packs: dict[str, Pack]) -> str | None:
     return line
 
 
-def mps_gpus(members: int, per_gpu: int) -> int:
-    """GPUs of an MPS-shared pack: one per ``per_gpu`` members."""
-    return -(-members // per_gpu)
-
-
 def share_gpus(packs: dict[str, Pack], runs: dict[str, Run], per_gpu: int,
                runs_per_job: int) -> dict[str, Pack]:
     """pack.per_gpu: the packs of a one-GPU strategy (gpu) become MPS-shared packs (kind
@@ -257,6 +252,6 @@ def check_user_models(runs) -> None:
     where a config names such a model; check_model remembers what it checked)."""
     for run in runs:
         if ":" in run.config.model:
-            from .models import check_model
+            from ..engine.models import check_model
 
             check_model(run.config.model, run.config.model_args, run.config.channels_last)

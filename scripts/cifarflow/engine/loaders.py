@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from . import data
+from .. import data
 
 MEAN = STD = 0.5  # the seed's Normalize((0.5,)*3, (0.5,)*3)
 

@@ -25,24 +25,24 @@ from typing import Callable
 
 from . import storage
 from .chain import Chain
-from .job_env import pip_index_args, prologue
-from .layout import RunPaths, pack_marker, segment_number, try_args
-from .config import data_identity
-from .data import ARCHIVE_NAME, fetch_record
-from .gpu_monitor import visible_gpus
-from .limits import (check_fit, check_plan, gpu_share_warnings, gpu_slice_errors,
-                     read_limits, read_partitions)
+from ..job.job_env import pip_index_args, prologue
+from ..job.mps_daemon import mps_gpus
+from ..layout import RunPaths, pack_marker, segment_number, try_args
+from ..config import data_identity
+from ..data import ARCHIVE_NAME, fetch_record
+from ..engine.gpu_monitor import visible_gpus
+from .limits import (check_fit, check_plan, gpu_share_warnings, gpu_slice_errors, read_limits,
+                     read_partitions)
 from .pending import PendingWatch
 from .plan import (Pack, Run, build_packs, build_runs, check_user_models, describe_fusion,
-                   fuse_mode, mps_gpus, share_gpus)
+                   fuse_mode, share_gpus)
 from .progress import watch_progress
-from .strategies import get_strategy
-from .strategies.base import gpu_request
-from .strategies.ddp import too_few_gpus
-from .tries import INVOCATION, out_of_memory_count
+from ..engine.strategies import get_strategy
+from ..engine.strategies.base import gpu_request
+from ..engine.strategies.ddp import too_few_gpus
+from ..job.tries import INVOCATION, out_of_memory_count
 from .wheelhouse import (CHECKS, JOB_REQUIREMENTS, TRAINING_STACK, WheelhouseError,
-                         check_wheelhouse, installed_closure, job_requirements,
-                         write_if_changed)
+                         check_wheelhouse, installed_closure, job_requirements, write_if_changed)
 
 
 class PlanError(Exception):
@@ -483,7 +483,7 @@ class WorkflowPlan:
 
     def env_prologue(self) -> str:
         """What gives a job its software (config.env), on every node the job holds:
-        cifarflow/job_env.py."""
+        cifarflow/job/job_env.py."""
         return prologue(self.env, self.basedir, self.job_requirements)
 
     def job_requirements_file(self) -> Path:

@@ -13,7 +13,7 @@ import re
 import socket
 from dataclasses import dataclass
 
-from ..slurm import first_hostname
+from ...slurm import first_hostname
 from .base import StrategyError, apply_cuda_switches, require_cuda
 from .multiprocess import MultiProcessStrategy
 

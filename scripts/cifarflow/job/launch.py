@@ -11,7 +11,7 @@ import os
 import shlex
 import sys
 
-from .slurm import job_tasks
+from ..slurm import job_tasks
 
 
 def launch_argv(nproc: int, command: list[str], nodes: int = 1, cpus_per_task: int = 1,

@@ -65,7 +65,7 @@ def job_requirements(closure: dict) -> str:
     """The job venv's requirements file: every distribution of the closure (installed_closure)
     at the version the login node installed from the wheelhouse."""
     lines = [f"{name}=={dist.version}" for name, dist in sorted(closure.items())]
-    return ("# Written by the workflow at each plan (cifarflow/wheelhouse.py): what a training\n"
+    return ("# Written by the workflow at each plan (cifarflow/controller/wheelhouse.py): what a training\n"
             "# process imports, at the versions the login node installed from the wheelhouse.\n"
             "# env.mode slurm_tmpdir installs exactly this in every job. Do not edit: name your\n"
             "# own file in env.requirements instead.\n" + "\n".join(lines) + "\n")

@@ -6,9 +6,9 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from .early_stop import EarlyStop, hint_for
-from .files import read_jsonl
-from .tries import ended_states, tries_of
+from ..early_stop import EarlyStop, hint_for
+from ..files import read_jsonl
+from ..job.tries import ended_states, tries_of
 
 COLUMNS = ["run", "strategy", "device", "model", "batch_size", "world_size", "cpus_per_task",
            "epochs", "amp",
@@ -236,7 +236,7 @@ def bf16_advice(df, cpu: dict | None) -> list[str]:
 
 def advice(df, cpu_info: dict | None = None) -> list[str]:
     """Recommendations in the seed's spirit, computed from the measurements; ``cpu_info``:
-    the environment's CPU features (environment.cpu_features)."""
+    the environment's CPU features (engine.hardware.cpu_features)."""
     ok = df[df.status.isin(FINISHED)]
     tips = []
     if ok.empty:
