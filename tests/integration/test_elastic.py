@@ -5,7 +5,7 @@ import pytest
 
 from conftest import PY, cli, metrics_of, snakemake, spec, summary_rows
 from cifarflow.engine import checkpoint as ckpt
-from cifarflow.results.aggregate import summarize_run
+from cifarflow.results.table import summarize_run
 
 COMMON = dict(epochs=3, lr=0.05, momentum=0.9)
 

@@ -284,7 +284,8 @@ def test_gpu_sampler_averages_what_it_read_during_the_epoch():
 def test_advice_flags_an_under_used_gpu():
     import pandas as pd
 
-    from cifarflow.results.aggregate import COLUMNS, advice
+    from cifarflow.results.advice import advice
+    from cifarflow.results.table import COLUMNS
 
     rows = [{c: None for c in COLUMNS} | {"run": run, "strategy": s, "device": d, "status": "ok",
                                           "images_per_sec": ips, "images_per_sec_per_core": ips,

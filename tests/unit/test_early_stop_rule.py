@@ -6,7 +6,8 @@ import json
 import pandas as pd
 import pytest
 
-from cifarflow.results.aggregate import plateau_advice, summarize_run
+from cifarflow.results.advice import plateau_advice
+from cifarflow.results.table import summarize_run
 from cifarflow.config import with_defaults
 from cifarflow.early_stop import EarlyStop, Watch
 

@@ -8,7 +8,7 @@ from cifarflow.controller.limits import (check_fit, expand_hostlist, gpu_share_w
 from cifarflow.controller.pending import PendingWatch, stuck_jobs
 from cifarflow.slurm import fields
 from cifarflow.controller.plan import build_packs, build_runs, share_gpus
-from cifarflow.controller.workflow import job_shapes
+from cifarflow.controller.packs import job_shapes
 
 PARTITIONS = """\
 PartitionName=debug AllowGroups=ALL AllowAccounts=ALL AllowQos=ALL AllocNodes=ALL Default=YES QoS=N/A DefaultTime=NONE DisableRootJobs=NO ExclusiveUser=NO GraceTime=20 Hidden=NO MaxNodes=UNLIMITED MaxTime=UNLIMITED MinNodes=0 LLN=NO MaxCPUsPerNode=UNLIMITED Nodes=vm PriorityJobFactor=1 PriorityTier=1 RootOnly=NO ReqResv=NO OverSubscribe=NO OverTimeLimit=NONE PreemptMode=REQUEUE State=UP TotalCPUs=2 TotalNodes=1 SelectTypeParameters=NONE JobDefaults=(null) DefMemPerNode=UNLIMITED MaxMemPerNode=UNLIMITED TRES=cpu=2,mem=22900M,node=1,billing=2

@@ -13,7 +13,8 @@ from cifarflow.engine.gpu_monitor import visible_gpus
 from cifarflow.controller.limits import check_fit
 from cifarflow.job.pack import GpuSlots, one_step, run_pack
 from cifarflow.controller.plan import build_packs, build_runs, share_gpus
-from cifarflow.controller.workflow import PlanError, job_shapes
+from cifarflow.controller.packs import job_shapes
+from cifarflow.controller.plan import PlanError
 from test_fit import partitions
 from test_workflow_plan import bin_dir, make_plan, resources, wildcards  # noqa: F401
 

@@ -3,7 +3,8 @@
 import pandas as pd
 import pytest
 
-from cifarflow.results.aggregate import bf16_advice, env_build_advice, request_advice, used_vs_requested
+from cifarflow.results.advice import bf16_advice, env_build_advice, request_advice
+from cifarflow.results.table import used_vs_requested
 from cifarflow.engine.usage import ended_as, segment_usage
 
 RANKS = [{"host": "n1", "cpu_s": 50.0, "peak_rss_mb": 400.0},
@@ -87,7 +88,7 @@ def test_bf16_advice_from_a_run_of_the_sweep_that_used_it():
 
 
 def test_bf16_advice_from_bench_only_for_the_cpu_model_it_measured(monkeypatch):
-    import cifarflow.results.aggregate as agg
+    import cifarflow.results.advice as agg
 
     monkeypatch.setitem(agg.BF16_BENCH, AMX["model"], ("lenet", 512, 2, 10_000.0, 15_000.0))
     df = bf16_rows(("f32", "none", 9_000.0))
@@ -97,7 +98,7 @@ def test_bf16_advice_from_bench_only_for_the_cpu_model_it_measured(monkeypatch):
 
 
 def test_a_run_says_what_data_it_trained_on():
-    from cifarflow.results.aggregate import data_columns
+    from cifarflow.results.table import data_columns
 
     fetched = {"source": "download", "md5": "c58f30108f718f92721af3b95e74349a",
                "data_id": "c58f30108f718f92721af3b95e74349a"}

@@ -23,8 +23,10 @@ from cifarflow.config import with_defaults
 from cifarflow.layout import (RunPaths, attempt_log_name, attempt_logs_pattern, attempt_number,
                               attempt_log_sink)
 from cifarflow.job.pack import member_argv, next_attempt
-from cifarflow.controller.workflow import (PlanError, WorkflowPlan, fetch_args, installed_command,
-                                mem_per_cpu, slurm_placement)
+from cifarflow.controller.packs import mem_per_cpu
+from cifarflow.controller.plan import PlanError
+from cifarflow.controller.software import fetch_args, installed_command
+from cifarflow.controller.workflow import WorkflowPlan, slurm_placement
 
 BASE = with_defaults(yaml.safe_load((ROOT / "config" / "config.yaml").read_text()))
 NO_SLURM_ENV = {}  # placement from the config alone

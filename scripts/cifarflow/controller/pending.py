@@ -8,7 +8,6 @@ Also: the pending jobs an earlier run of the workflow queued (takeover). No torc
 from __future__ import annotations
 
 import functools
-import os
 import threading
 from typing import Callable
 

@@ -35,6 +35,10 @@ COMMON_SWEEP_KEYS = {
 COMMON_SECTIONS = ("train", "resources")
 
 
+class PlanError(Exception):
+    """A plan that cannot run; the workflow hands in Snakemake's WorkflowError instead."""
+
+
 def sweep_keys() -> dict:
     keys = dict(COMMON_SWEEP_KEYS)
     for cls in registered().values():

@@ -67,7 +67,7 @@ def autosized(mem_mb: int, runtime: int, measured: Measured | None, next_epochs:
         need_s = measured.wall_s / measured.epochs * next_epochs * margin
         need_min = math.ceil(budget_for(need_s, margin_s) / 60)
         minutes = min(runtime, max(1, min_runtime, need_min))
-        floor = f", raised to resources.autosize_min_runtime" if need_min < minutes else ""
+        floor = ", raised to resources.autosize_min_runtime" if need_min < minutes else ""
         why.append(f"runtime {minutes} min ({measured.wall_s / measured.epochs:.0f} s per "
                    f"epoch x {next_epochs} x {margin:g}, and the stop margin{floor})")
     return Request(mem, minutes, "autosize from the previous segment: " + ", ".join(why))

@@ -1,0 +1,99 @@
+"""A job's software, as the plan gives it: the cifarflow command a job runs, its prologue
+(config.env), the job venvs' requirements and the wheelhouse check at plan time, the GPU
+the environment record asks for. A part of the WorkflowPlan. No torch."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+from ..config import data_identity
+
+from ..engine.strategies.base import gpu_request
+from ..job.job_env import pip_index_args, prologue
+from .plan import PlanError
+from .wheelhouse import (CHECKS, JOB_REQUIREMENTS, TRAINING_STACK, WheelhouseError,
+                         check_wheelhouse, installed_closure, job_requirements, write_if_changed)
+
+
+def installed_command(bin_dir, basedir, error: type[Exception] = PlanError) -> str:
+    """The `cifarflow` command of an environment, which must have this project installed."""
+    command = Path(bin_dir, "cifarflow")
+    if not command.exists():
+        raise error(f"{command} not found: install this project into that environment with "
+                    f"`pip install --no-deps -e {basedir}` (`make run` does it)")
+    return str(command)
+
+
+def fetch_args(data: dict) -> str:
+    """fetch-data's options from config.data, the synthetic generator's included."""
+    args = ["--url", data["url"], "--md5", data["md5"], "--archive", data["archive"] or ""]
+    args += [f"--{key.replace('_', '-')}={value}" for key, value in data["synthetic"].items()]
+    args += ["--data-id", data_identity(data)]
+    return shlex.join(args)
+
+
+class JobSoftware:
+    """What gives the WorkflowPlan's jobs their Python."""
+
+    def job_command(self) -> str:
+        """The engine in jobs, after the prologue. The venv of env.mode venv must have this
+        project installed; the one env.mode slurm_tmpdir builds holds env.requirements alone,
+        so the package comes from PYTHONPATH there."""
+        if self.env["mode"] == "venv":
+            installed_command(Path(self.env["venv"], "bin"), self.basedir, self.error)
+            return "cifarflow"
+        if self.env["mode"] == "slurm_tmpdir":
+            return "python -m cifarflow"
+        return self.cifarflow
+
+    def env_prologue(self) -> str:
+        """What gives a job its software (config.env), on every node the job holds:
+        cifarflow/job/job_env.py."""
+        return prologue(self.env, self.basedir, self.job_requirements)
+
+    def job_requirements_file(self) -> Path:
+        """What a job venv installs (env.mode slurm_tmpdir): the user's env.requirements
+        (relative to the workflow), else the one prepare_job_venvs derives in results/."""
+        if self.env["requirements"]:
+            return self.basedir / self.env["requirements"]
+        return Path(self.results, JOB_REQUIREMENTS).absolute()
+
+    def prepare_job_venvs(self, installed=installed_closure, check=check_wheelhouse) -> None:
+        """env.mode slurm_tmpdir, in the main process: write the job requirements (the login
+        node's own versions of the training stack, unless the user names a file) and, with
+        env.check_wheelhouse, refuse the plan here if the wheelhouse cannot give them: one
+        pip dry run per new requirements digest, before any job is queued."""
+        if self.env["mode"] != "slurm_tmpdir":
+            return
+        if not self.env["requirements"]:
+            closure = installed(TRAINING_STACK)
+            absent = [name for name in TRAINING_STACK if name not in closure]
+            if absent:
+                raise self.error(f"env.mode slurm_tmpdir: the job venvs install the training "
+                                 f"stack at this venv's versions, but {', '.join(absent)} "
+                                 "is not installed here: pip install -r requirements.txt")
+            if write_if_changed(self.job_requirements, job_requirements(closure)):
+                self.log.info(f"job venvs install {len(closure)} distributions at this venv's "
+                              f"versions: {self.job_requirements}")
+        elif not self.job_requirements.is_file():
+            raise self.error(f"env.requirements: {self.job_requirements} does not exist")
+        if not self.env["check_wheelhouse"]:
+            return
+        index = pip_index_args(self.env)
+        try:
+            asked = check(self.job_requirements, index, Path(self.results, CHECKS))
+        except WheelhouseError as exc:
+            raise self.error(str(exc))
+        if asked:
+            self.log.info(f"the wheelhouse ({' '.join(index) or 'pip configuration'}) holds "
+                          f"every job requirement (pip install --dry-run)")
+
+    def env_gpu_request(self) -> dict:
+        """One GPU of the kind the runs train on, for the environment check; {} if none does."""
+        if not any(run.strategy_class.gpus_per_node(run.config) for run in self.runs.values()):
+            return {}
+        return gpu_request(self.config["resources"]["gpu_model"], 1)
+
+    def fetch_args(self) -> str:
+        return fetch_args(self.config["data"])
