@@ -102,7 +102,7 @@ def cmd_train_pack(a) -> None:
 
 
 def cmd_train_fused(a) -> None:
-    from .job.pack import train_fused_members
+    from .job.fused_pack import train_fused_members
 
     sys.exit(train_fused_members(a.pack, a.segment, a.members, results=a.results, data=a.data,
                                  until_epoch=a.until_epoch, threads=a.threads,

@@ -91,7 +91,7 @@ def attempt_log_sink(log: str = "{log}", attempt: str = "{resources.attempt}",
     """A Snakemake shell snippet, the end of a pipe: what the command prints goes, once, to
     the try's own log (attempt_log_name, built in the shell from the job's attempt and
     Slurm's restart count), and the rule's log becomes a link to it, as a pack member's
-    (pack.open_member_log): one file per try, not a copy in the rule's log too."""
+    (members.open_member_log): one file per try, not a copy in the rule's log too."""
     name = ATTEMPT.format(attempt=attempt) + f"$([ $R = 0 ] || echo {REQUEUE.format(requeue='$R')})"
     return (f"{{{{ L={log}; R=${{{{{restarts}:-0}}}}; A=${{{{L%.log}}}}{name}.log; "
             f'ln -sfn "${{{{A##*/}}}}" "$L"; cat > "$A"; }}}}')

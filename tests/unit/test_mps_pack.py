@@ -11,7 +11,8 @@ from cifarflow.cli import parser
 from cifarflow.config import with_defaults
 from cifarflow.engine.gpu_monitor import visible_gpus
 from cifarflow.controller.limits import check_fit
-from cifarflow.job.pack import GpuSlots, one_step, run_pack
+from cifarflow.job.mps_pack import GpuSlots, one_step
+from cifarflow.job.pack import run_pack
 from cifarflow.controller.plan import build_packs, build_runs, share_gpus
 from cifarflow.controller.packs import job_shapes
 from cifarflow.controller.plan import PlanError

@@ -22,7 +22,7 @@ from cifarflow.cli import parser
 from cifarflow.config import with_defaults
 from cifarflow.layout import (RunPaths, attempt_log_name, attempt_logs_pattern, attempt_number,
                               attempt_log_sink)
-from cifarflow.job.pack import member_argv, next_attempt
+from cifarflow.job.members import member_argv, next_attempt
 from cifarflow.controller.packs import mem_per_cpu
 from cifarflow.controller.plan import PlanError
 from cifarflow.controller.software import fetch_args, installed_command
