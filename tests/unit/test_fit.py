@@ -3,8 +3,8 @@
 reasons the controller names (real `squeue` lines)."""
 
 from cifarflow.config import with_defaults
-from cifarflow.controller.limits import (check_fit, expand_hostlist, gpu_share_warnings, gpu_slice_errors,
-                              partition_capacity)
+from cifarflow.controller.gpu_limits import gpu_share_warnings, gpu_slice_errors
+from cifarflow.controller.limits import check_fit, expand_hostlist, partition_capacity
 from cifarflow.controller.pending import PendingWatch, stuck_jobs
 from cifarflow.slurm import fields
 from cifarflow.controller.plan import build_packs, build_runs, share_gpus

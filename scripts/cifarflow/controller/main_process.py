@@ -17,8 +17,8 @@ from ..engine.strategies.ddp import too_few_gpus
 from ..job.mps_daemon import mps_gpus
 from ..job.tries import INVOCATION
 from ..layout import RunPaths
-from .limits import (check_fit, check_plan, gpu_share_warnings, gpu_slice_errors, read_limits,
-                     read_partitions)
+from .gpu_limits import gpu_share_warnings, gpu_slice_errors
+from .limits import check_fit, check_plan, read_limits, read_partitions
 from .packs import job_shapes
 from .pending import PendingWatch
 from .plan import check_user_models, describe_fusion
