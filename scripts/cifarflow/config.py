@@ -63,6 +63,38 @@ def fill_defaults(value, node: dict):
     return value
 
 
+def typed_like_schema(value, node: dict):
+    """``value`` with the strings Snakemake's `--config` hands over inside nested values
+    ("0.1" in `--config 'sweep={"lr": [0.1, 0.2]}'`, "false" in a dict) turned into the
+    number or boolean the schema asks for there; anything else as it was (validation then
+    names it)."""
+    if isinstance(value, dict) and "properties" in node:
+        return {k: typed_like_schema(v, node["properties"].get(k, {})) for k, v in value.items()}
+    if isinstance(value, list) and isinstance(node.get("items"), dict):
+        return [typed_like_schema(v, node["items"]) for v in value]
+    for option in node.get("anyOf", []) + node.get("oneOf", []):
+        typed = typed_like_schema(value, option)
+        if typed is not value:
+            return typed
+    if not isinstance(value, str):
+        return value
+    kinds = node.get("type", [])
+    kinds = [kinds] if isinstance(kinds, str) else kinds
+    text = value.strip()
+    if "boolean" in kinds and text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    if "integer" in kinds and text.lstrip("+-").isdigit():
+        return int(text)
+    if "number" in kinds:
+        try:
+            number = float(text)
+        except ValueError:
+            return value
+        return int(number) if number.is_integer() and "." not in text and "e" not in text.lower() \
+            else number
+    return value
+
+
 def with_defaults(config: dict) -> dict:
     """A user config completed from the schema, as snakemake's ``validate`` does."""
     return fill_defaults(config, schema())

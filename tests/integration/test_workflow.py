@@ -566,3 +566,17 @@ def test_keeping_only_the_last_weights_leaves_resume_and_the_summary_whole(tmp_p
     again = snakemake(tmp_path / "last", "-n", configfile=[CONFIGS / "local" / "config.yaml",
                                                            tmp_path / "last.yaml"])
     assert "Nothing to be done" in again.stdout + again.stderr  # nothing retrains
+
+
+def test_command_line_values_and_an_unwritable_results_folder(tmp_path):
+    """`--config` as the README and issue reports write it: nested numbers arrive as strings
+    and still plan; a results folder that cannot be written is one line naming the key."""
+    local = CONFIGS / "local" / "config.yaml"
+    out = snakemake(tmp_path, "-n", configfile=local, config=['sweep={"lr": [0.1, 0.2]}'])
+    assert "cpu_lr0p1" in out.stdout and "cpu_lr0p2" in out.stdout
+    refused = snakemake(tmp_path, "-n", configfile=local, config=["results=/proc/forbidden"],
+                        check=False)
+    text = refused.stdout + refused.stderr
+    assert refused.returncode != 0
+    assert "results: /proc/forbidden cannot be written here" in text
+    assert "FileNotFoundError" not in text

@@ -5,12 +5,16 @@ from snakemake.exceptions import IncompleteCheckpointException, WorkflowError
 from snakemake.logging import logger
 from snakemake.utils import validate
 
-validate(config, schema="../schemas/config.schema.yaml")
-
 # This checkout's engine, here and in every job, even where another checkout is the one
 # installed (`pip install -e .`) or none is (the job venvs of env.mode slurm_tmpdir).
 SCRIPTS = Path(workflow.basedir) / "scripts"
 sys.path.insert(0, str(SCRIPTS))
+
+from cifarflow.config import schema, typed_like_schema  # noqa: E402
+
+# --config hands nested values over as strings ('sweep={"lr": [0.1, 0.2]}'): typed first
+config.update(typed_like_schema(dict(config), schema()))
+validate(config, schema="../schemas/config.schema.yaml")
 
 from cifarflow.controller.workflow import (
     WorkflowPlan,

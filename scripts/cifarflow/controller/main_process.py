@@ -47,6 +47,7 @@ class MainProcess:
             check_user_models(self.runs.values())
         except ValueError as exc:
             raise self.error(f"config error: {exc}")
+        self.check_results_dir()
         self.check_kept_data()
         self.write_specs()
         self.announce()
@@ -58,6 +59,21 @@ class MainProcess:
                                           active=on_slurm).start()
         self.progress_watch = watch_progress(self.results, self.chain, self.log.info,
                                              self.config["progress_s"], training)
+
+    def check_results_dir(self) -> None:
+        """results: is where every run writes: one line, naming the key, if it cannot be."""
+        where = Path(self.results)
+        try:
+            where.mkdir(parents=True, exist_ok=True)
+            writable = os.access(where, os.W_OK | os.X_OK)
+        except OSError as exc:
+            writable, why = False, exc.strerror
+        else:
+            why = "not writable"
+        if not writable:
+            raise self.error(f"results: {self.results} cannot be written here ({why}): set "
+                             "results: in config/config.yaml (or --config results=DIR) to a "
+                             "folder you can write, e.g. /scratch/$USER/<sweep> on a cluster")
 
     def data_record(self) -> dict | None:
         """What fetch-data wrote of the data in results/data: source, data id, md5."""
