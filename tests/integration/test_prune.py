@@ -83,7 +83,11 @@ def test_packed_pruning_trains_the_same_segments_as_unpacked(pruned_sweep, tmp_p
     for record in (tmp_path / "results/packs").glob("*/segment-*.json"):
         k = int(record.stem.split("-")[1])
         members = json.loads(record.read_text())["members"]
-        assert sorted(members) == sorted(r for r in members if int(unpacked[r]["segments"]) >= k)
+        packed_runs = json.loads((record.parent / "segment-1.json").read_text())["members"]
+        # exactly the pack's runs that the unpacked sweep trained to segment k: none dropped
+        # while it still trains, none trained past its pruning
+        assert sorted(members) == sorted(r for r in packed_runs
+                                         if int(unpacked[r]["segments"]) >= k), record
         assert members, record  # no job without a member
     trained = sorted(len(json.loads(r.read_text())["members"])
                      for r in (tmp_path / "results/packs").glob("*/segment-*.json"))
