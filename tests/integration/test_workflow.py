@@ -472,32 +472,39 @@ def test_a_dry_run_refuses_job_requirements_the_wheelhouse_lacks(tmp_path):
 
 @pytest.mark.slow
 def test_a_failed_attempt_is_retried_resumes_and_keeps_its_log(tmp_path):
-    """The training process dies mid-segment (OOM killer, node trouble); with --retries the
-    next attempt resumes from the in-segment checkpoint, the first attempt's log is kept,
-    and summary.csv counts the attempts."""
+    """The training process dies mid-segment (OOM killer, node trouble), frozen at a known
+    in-segment save first so the kill point does not depend on the machine's speed; with
+    --retries the next attempt resumes from exactly that save, ends bit-identical to an
+    uninterrupted run, the first attempt's log is kept, and summary.csv counts the attempts."""
     often = tmp_path / "often.yaml"  # a save after every batch: the kill lands mid-segment
-    often.write_text("train: {checkpoint_interval_s: 0.001}\n")
+    often.write_text("train: {epochs: 2, checkpoint_interval_s: 0.001}\n")
+    configs = [CONFIGS / "kill" / "config.yaml", often]
     cmd = [str(Path(PY).parent / "snakemake"), "-s", str(ROOT / "Snakefile"), "--directory",
-           str(tmp_path), "--configfile", str(CONFIGS / "kill" / "config.yaml"), str(often),
-           "--cores", "2", "--retries", "1"]
+           str(tmp_path / "killed"), "--configfile", *map(str, configs), "--cores", "2",
+           "--retries", "1"]
     proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
-    work = tmp_path / "results/runs/cpu/work/checkpoint.json"
-    while not work.exists() and proc.poll() is None:
-        time.sleep(0.05)
-    training = [pid for pid in process_tree(proc.pid)
-                if training_spec(pid) == "results/runs/cpu/spec.json"]
+    deadline, training = time.time() + 300, []
+    while not training and proc.poll() is None and time.time() < deadline:
+        training = [pid for pid in process_tree(proc.pid)
+                    if training_spec(pid) == "results/runs/cpu/spec.json"]
+        time.sleep(0.02)
     assert len(training) == 1, training
+    saved = train_until_saved(training, tmp_path / "killed/results/runs/cpu/work")
     os.kill(training[0], signal.SIGKILL)
     output = proc.communicate(timeout=600)[0]
     assert proc.returncode == 0, output[-3000:]
-    logs = tmp_path / "results/logs/train/cpu"
+    logs = tmp_path / "killed/results/logs/train/cpu"
     first = (logs / "segment-1.attempt1.log").read_text()
     assert "resumed from" not in first and "model=lenet" in first
     second = (logs / "segment-1.attempt2.log").read_text()
-    assert "resumed from results/runs/cpu/work at epoch" in second
+    assert (f"resumed from results/runs/cpu/work at epoch {saved['epoch'] + 1}, "
+            f"batch {saved['step']}") in second  # exactly the save it was killed after
     assert (logs / "segment-1.log").read_text() == second  # the declared log: the last attempt
-    row = read_summary(tmp_path / "results/summary.csv")[0]
+    snakemake(tmp_path / "whole", "--cores", 2, configfile=configs)  # its uninterrupted twin
+    assert_bit_identical(state_of(tmp_path / "killed/results/runs/cpu/segment-1")["model"],
+                         state_of(tmp_path / "whole/results/runs/cpu/segment-1")["model"])
+    row = read_summary(tmp_path / "killed/results/summary.csv")[0]
     assert (row["status"], row["segments"], row["attempts"], row["early_stops"]) == \
         ("ok", "1", "2", "0")
     assert row["try_ends"] == "completed 1, killed 1"  # the killed try wrote no end

@@ -2,6 +2,7 @@
 refused at `snakemake -n`, and named while the workflow waits for one that was submitted."""
 
 import re
+import shutil
 import signal
 import subprocess
 import threading
@@ -9,7 +10,8 @@ import time
 
 import pytest
 
-from conftest import ROOT, snakemake, start_snakemake
+from conftest import ENV, ROOT, SLURM_RUNS, slurm_job_prefix, snakemake, snakemake_command
+from test_slurm import job_state, profile_args
 
 pytestmark = pytest.mark.slurm
 CONFIG = ROOT / "tests" / "configs" / "slurm" / "config.yaml"
@@ -36,35 +38,52 @@ def test_a_pack_too_wide_for_the_partition_is_refused_at_the_dry_run(tmp_path):
 
 def test_a_pending_job_that_will_never_start_is_named_once(tmp_path):
     """Every job of the workflow depends (slurm.extra) on a job that failed: each pends
-    for DependencyNeverSatisfied, and the controller names it, once, within seconds."""
-    failed = subprocess.run(["sbatch", "--parsable", "-p", "debug", "-J", "cifarflow-fails",
+    for DependencyNeverSatisfied, and the controller names it, once, within seconds, and
+    not again over its next three looks (counted: squeue is wrapped to log its calls)."""
+    prefix = slurm_job_prefix(tmp_path)  # the cleanup fixture cancels what is left of them
+    failed = subprocess.run(["sbatch", "--parsable", "-p", "debug", "-J", f"{prefix}_fails",
                              "-D", str(tmp_path), "--wrap", "false"], capture_output=True,
                             text=True, check=True).stdout.strip()
-    while subprocess.run(["squeue", "-h", f"-j{failed}", "-t", "all", "-o", "%T"],
-                         capture_output=True, text=True).stdout.strip() != "FAILED":
+    deadline = time.time() + 120
+    while job_state(failed) != "FAILED":
+        assert time.time() < deadline, f"job {failed} never failed: {job_state(failed)}"
         time.sleep(0.5)
+    looks = tmp_path / "squeue-calls"
+    wrapper = tmp_path / "bin" / "squeue"
+    wrapper.parent.mkdir()
+    wrapper.write_text(f'#!/bin/sh\necho "$*" >> {looks}\nexec {shutil.which("squeue")} "$@"\n')
+    wrapper.chmod(0o755)
     extra = tmp_path / "extra.yaml"
     extra.write_text(f'slurm: {{partition: debug, extra: "--dependency=afterok:{failed}", '
                      "pending_check_s: 1}\n")
-    proc = start_snakemake(tmp_path, "--profile", ROOT / "profiles/slurm", "--slurm-status-command",
-                           "squeue", configfile=[CONFIG, extra])
+    proc = subprocess.Popen(
+        snakemake_command(tmp_path, *profile_args(tmp_path), "--slurm-status-command", "squeue",
+                          configfile=[CONFIG, extra]),
+        env={**ENV, "PATH": f"{wrapper.parent}:{ENV['PATH']}"}, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True)
+    SLURM_RUNS.append(proc)
     lines = []
     reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
     reader.start()
     pattern = re.compile(r"Slurm job (\d+) \(([^)]+)\) is pending for DependencyNeverSatisfied "
                          r"in partition debug: a job it depends on failed; it will not start "
                          r"by itself: scancel \1")
+
+    def watch_looks() -> int:
+        calls = looks.read_text().splitlines() if looks.exists() else []
+        return sum(1 for call in calls if call.startswith("--me"))
+
     deadline, named = time.time() + 120, []
     while time.time() < deadline and not named and proc.poll() is None:
         named = [m for m in map(pattern.search, list(lines)) if m]
         time.sleep(0.5)
-    time.sleep(3)  # three more looks: still named once
+    assert named, "".join(lines)[-3000:]
+    seen = watch_looks()
+    while watch_looks() < seen + 3:  # the watch's next three looks, whatever the machine
+        assert time.time() < deadline + 120 and proc.poll() is None, "the watch stopped looking"
+        time.sleep(0.2)
     proc.send_signal(signal.SIGINT)  # Ctrl-C: Snakemake cancels its jobs and ends
     proc.wait(timeout=120)
     reader.join(timeout=10)
-    text = "".join(lines)
-    for m in named:  # whatever the controller left behind
-        subprocess.run(["scancel", m.group(1)])
-    assert named, text[-3000:]
     ids = [m.group(1) for m in map(pattern.search, lines) if m]
-    assert len(ids) == len(set(ids)) >= 1  # each named once
+    assert len(ids) == len(set(ids)) >= 1  # each named once, over three more looks
