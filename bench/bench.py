@@ -219,7 +219,7 @@ def part_ddp(batches: Path, reps: int, max_reps: int, deadline: float) -> dict:
 
 def checkpoint_cost(model: str, batch_size: int, steps: int, batches: Path) -> dict:
     from cifarflow.config import TrainConfig
-    from cifarflow.engine import Segment
+    from cifarflow.engine.segment import Segment
     from cifarflow.engine.strategies import get_strategy
 
     work = OUT / "ckpt" / model

@@ -16,7 +16,7 @@ def main() -> None:
     import torch.distributed as dist
 
     from cifarflow.config import with_defaults
-    from cifarflow.engine import StopController
+    from cifarflow.engine.stop import StopController
     from cifarflow.controller.plan import build_runs
     from cifarflow.engine.strategies import get_strategy
 

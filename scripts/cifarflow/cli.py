@@ -37,7 +37,7 @@ def cmd_extract_data(a) -> None:
 
 def cmd_train(a) -> dict:
     from .config import TrainConfig
-    from .engine import run_training
+    from .engine.segment import run_training
 
     return run_training(TrainConfig.read(Path(a.spec)), threads=a.threads, data_dir=Path(a.data),
                         out_dir=Path(a.out), resume_dir=Path(a.resume) if a.resume else None,

@@ -9,7 +9,7 @@ from tensorboard.backend.event_processing.event_file_loader import EventFileLoad
 
 from conftest import metrics_of, train
 from cifarflow.engine import checkpoint as ckpt
-from cifarflow.engine import EPOCH_SCALARS
+from cifarflow.engine.report import EPOCH_SCALARS
 
 SPEC = dict(epochs=2, log_interval_s=0)  # every batch's loss is logged
 STEPS = 2000 // 100                      # batches per epoch of the cifar_dir data, one rank

@@ -92,3 +92,22 @@ def test_the_check_sees_an_import_hidden_in_a_function(tmp_path, monkeypatch):
     monkeypatch.setattr(me, "PACKAGE", fake)
     monkeypatch.setattr(me, "ROOT", tmp_path)
     assert me.crossings() == ["cifarflow/engine/segment.py:2: engine imports cifarflow.job.tries (job)"]
+
+
+def test_what_runs_beside_the_training_imports_no_torch():
+    """The controller (the login node, and every job's own Snakemake at parse time), the
+    job's machinery and the results import no torch: under a site's per-process memory
+    accounting a job's Snakemake that imported it was killed before its training began
+    (1.23 GB over a 1 GB request, seen on the test cluster when engine/__init__ re-exported
+    the segment)."""
+    import subprocess
+    import sys
+
+    modules = ["cifarflow.controller.workflow", "cifarflow.job.pack", "cifarflow.job.launch",
+               "cifarflow.job.takeover", "cifarflow.results.aggregate", "cifarflow.results.show",
+               "cifarflow.jobfacts", "cifarflow.cli"]
+    probe = (f"import sys; sys.path.insert(0, {str(PACKAGE.parent)!r}); "
+             + "; ".join(f"import {m}" for m in modules)
+             + "; print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'lightning')))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout

@@ -21,10 +21,8 @@ Trained in K segments or one, the weights are bit-identical: the checkpoint hold
 optimizer, scheduler, RNG states, the position inside the epoch and the partial-epoch
 sums, and the data order is a pure function of (seed, epoch). Every decision that leads
 to a collective (stop, save, which checkpoint to resume) is one value agreed by all ranks.
+
+Importing this package imports no torch: the controller and the job read light modules of
+it (gpu_monitor, strategies' classes) on the login node and in every job's own Snakemake.
+The engine's entry points are in its modules (``segment.run_training``, ``segment.Segment``).
 """
-
-from .report import EPOCH_SCALARS
-from .segment import METRICS, Segment, run_training
-from .stop import StopController
-
-__all__ = ["EPOCH_SCALARS", "METRICS", "Segment", "StopController", "run_training"]
