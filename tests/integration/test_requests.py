@@ -28,10 +28,11 @@ def test_autosize_asks_the_next_segment_for_what_the_last_one_used(tmp_path):
     first, second = tries_of(tmp_path)["segment-1"], tries_of(tmp_path)["segment-2"]
     assert (first["requested_mem_mb"], first["requested_runtime_min"]) == (6000, 30)
     # segment 2: the peak of segment 1 x 1.3, rounded up to 100 MB; its wall time for one
-    # epoch x 1.3 and the engine's stop margin (runtime - 60 s), in whole minutes
+    # epoch x 1.3 and the engine's stop margin (runtime - 60 s), in whole minutes, never
+    # below resources.autosize_min_runtime (10)
     peak = max(first["peak_rss_mb_per_node"].values())
     mem = max(256, 100 * math.ceil(peak * 1.3 / 100))
-    minutes = math.ceil(max(first["wall_s"] * 1.3 / 0.8, first["wall_s"] * 1.3 + 60) / 60)
+    minutes = max(10, math.ceil((first["wall_s"] * 1.3 + 60) / 60))
     assert (second["requested_mem_mb"], second["requested_runtime_min"]) == (mem, minutes)
     assert mem < 6000 and minutes < 30
     assert f"cpu segment 2: autosize from the previous segment: memory {mem} MB" in out.stderr

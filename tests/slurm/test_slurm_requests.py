@@ -42,7 +42,8 @@ def test_a_run_asking_far_more_than_it_uses_asks_less_for_its_next_segment(tmp_p
     meta = json.loads((tmp_path / "results/runs/cpu/segment-2/checkpoint.json").read_text())
     first = next(t for t in meta["segment_runs"] if t["segment"] == "segment-1")
     mem = max(256, 100 * math.ceil(max(first["peak_rss_mb_per_node"].values()) * 1.3 / 100))
-    minutes = math.ceil(max(first["wall_s"] * 1.3 / 0.8, first["wall_s"] * 1.3 + 60) / 60)
+    # the measured time x 1.3 and the stop margin (60 s), never below autosize_min_runtime (10)
+    minutes = min(20, max(10, math.ceil((first["wall_s"] * 1.3 + 60) / 60)))
     assert calls["cpu_1"] == [(6000, 20)]
     assert calls["cpu_2"] == [(mem, minutes)] and mem < 6000 and minutes < 20
     # the smaller request held (the cluster enforces memory)
