@@ -8,7 +8,6 @@ import shlex
 from pathlib import Path
 
 from ..config import data_identity
-
 from ..engine.strategies.base import gpu_request
 from ..job.job_env import pip_index_args, prologue
 from .plan import PlanError
@@ -38,8 +37,8 @@ class JobSoftware:
 
     def job_command(self) -> str:
         """The engine in jobs, after the prologue. The venv of env.mode venv must have this
-        project installed; the one env.mode slurm_tmpdir builds holds env.requirements alone,
-        so the package comes from PYTHONPATH there."""
+        project installed; the one env.mode slurm_tmpdir builds holds the job requirements
+        alone, so the package comes from PYTHONPATH there."""
         if self.env["mode"] == "venv":
             installed_command(Path(self.env["venv"], "bin"), self.basedir, self.error)
             return "cifarflow"
