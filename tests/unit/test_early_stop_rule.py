@@ -112,3 +112,22 @@ def test_summary_marks_an_early_stopped_run_done_with_its_reason_and_the_advice_
     assert tips[0].startswith("dead: stopped learning: train_loss has not improved")
     assert "ended by train.early_stop at epoch 4 of 6" in tips[0]
     assert tips[1].startswith("flat: stopped learning") and "ReLU on its logits" in tips[1]
+
+
+def test_a_fused_member_whose_loss_diverged_is_diverged_in_the_summary(tmp_path):
+    """A member a fused group stopped for a NaN/inf loss (engine/fused.py's reason) is
+    `diverged` in summary.csv, not `early_stopped` or `incomplete`, and the advice names it
+    among the runs that did not finish."""
+    from cifarflow.results.advice import advice
+
+    reason = "diverged: train loss nan at epoch 1"
+    history = timed(records([2.3, float("nan")]))
+    wild = summarize_run("wild", write_run(tmp_path, "wild", history, {"early_stop": reason},
+                                           early_stop={}))
+    calm = summarize_run("calm", write_run(tmp_path, "calm", timed(records([2.0, 1.5, 1.2, 1.0,
+                                                                             0.9, 0.8])), {}))
+    assert (wild["status"], wild["early_stop"]) == ("diverged", reason)
+    assert calm["status"] == "ok"
+    tips = advice(pd.DataFrame([wild, calm]).assign(
+        images_per_sec_per_core=100.0, cpus_per_task=1, gpu_util_pct=None))
+    assert "wild: diverged (see results/logs/train/wild/)" in tips
