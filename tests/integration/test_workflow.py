@@ -245,12 +245,13 @@ def test_make_run_ends_with_the_results_at_a_glance(sweep_run, tmp_path):
     rows = read_summary(sweep_run / "results/summary.csv")
     assert lines[0] == "4 runs: 4 ok"
     assert lines[2].split() == ["run", "strategy", "test_acc", "images/s", "wall", "status",
-                                "advice"]
+                                "data", "advice"]
     best_first = sorted(rows, key=lambda r: (-float(r["test_acc"]), r["run"]))
     table = [line.split() for line in lines[3:7]]
     assert [t[0] for t in table] == [r["run"] for r in best_first]
     assert [t[2] for t in table] == [f"{float(r['test_acc']):.3f}" for r in best_first]
     assert [t[5] for t in table] == ["ok"] * 4
+    assert [t[6] for t in table] == ["synthetic"] * 4  # what each run trained on
     # each row ends with its run's first verdict (which ones a run gets follows the measured
     # speeds: the fastest run may also lead a tip of its own on cores); the fastest run has one
     column = lines[2].index("advice")

@@ -90,9 +90,11 @@ def show(results: Path, top: int = 20, width: int | None = None) -> str:
 
     path = summary_path(results)
     df = pd.read_csv(path)
+    columns = len(df.columns)  # summary.csv's own, before the data label below
     width = width or shutil.get_terminal_size((120, 24)).columns
+    missing = [None] * len(df)
     df["data"] = [data_label(source, md5) for source, md5 in
-                  zip(df.get("data_source", [None] * len(df)), df.get("data_md5", [None] * len(df)))]
+                  zip(df.get("data_source", missing), df.get("data_md5", missing))]
     ranked = df.sort_values(["test_acc", "run"], ascending=[False, True], na_position="last")
     shown = ranked if top <= 0 else ranked.head(top)
     verdicts = shown["advice"] if "advice" in shown else [None] * len(shown)
@@ -117,7 +119,7 @@ def show(results: Path, top: int = 20, width: int | None = None) -> str:
         if len(tips) > GENERAL_TIPS:
             lines.append(f"- ... {len(tips) - GENERAL_TIPS} more in {advice}")
     plots = sorted(p.name for p in (folder / "plots").glob("*.png"))
-    lines += ["", f"full table ({len(df.columns)} columns): {path}"]
+    lines += ["", f"full table ({columns} columns): {path}"]
     if plots:
         lines.append(f"plots:  {folder / 'plots'}/ ({', '.join(plots)})")
     if advice.is_file():
