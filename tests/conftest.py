@@ -314,7 +314,8 @@ def training_spec(pid: int) -> str | None:
         return None
     if not Path(argv[0]).name.startswith("python"):
         return None
-    rest = argv[3:] if argv[1:3] == ["-m", "cifarflow"] else (
+    module = argv[1:3] in (["-m", "cifarflow"], ["-m", "cifarflow.__main__"])  # the latter:
+    rest = argv[3:] if module else (  # how Lightning starts its other ranks
         argv[2:] if argv[1].endswith("/cifarflow") else [])
     if rest[:1] != ["train"] or "--spec" not in rest:
         return None

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import ENV, PY, assert_bit_identical, metrics_of, same_metrics, spec, train
+from conftest import (ENV, PY, assert_bit_identical, metrics_of, process_tree, same_metrics, spec,
+                      train, train_until_saved, training_spec)
 from cifarflow.engine import checkpoint as ckpt
 
 # one StopController for all: test-fast proves the agreement with ddp, make test with each
@@ -138,16 +139,21 @@ def test_killed_lightning_segment_resumes_from_its_in_segment_checkpoint(cifar_d
            str(tmp_path / "work"), "--threads", "1"]
     proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
-    manifest = tmp_path / "work" / "checkpoint.json"
-    while not manifest.exists() and proc.poll() is None:
-        time.sleep(0.01)
-    os.killpg(proc.pid, signal.SIGKILL)  # the node dies: both ranks at once
-    proc.wait()
+    try:  # both ranks, frozen at a known in-segment save, so on any machine
+        deadline, ranks = time.time() + 300, []
+        while len(ranks) < 2 and proc.poll() is None and time.time() < deadline:
+            ranks = [pid for pid in [proc.pid, *process_tree(proc.pid)] if training_spec(pid)]
+            time.sleep(0.01)
+        assert len(ranks) == 2, ranks
+        saved = train_until_saved(ranks, tmp_path / "work")
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the node dies: both ranks at once
+        proc.wait()
     assert not (tmp_path / "s1").exists(), "the segment finished before it could be killed"
-    saved = ckpt.read_manifest(tmp_path / "work")
     out = run2(cifar_dir, tmp_path / "s1", "lightning", work=tmp_path / "work")
-    assert f"resumed from {tmp_path / 'work'} at epoch" in out.stdout
-    assert (saved["epoch"], saved["step"]) > (0, 0)
+    # exactly the save both ranks were frozen at
+    assert (f"resumed from {tmp_path / 'work'} at epoch {saved['epoch'] + 1}, "
+            f"batch {saved['step']}") in out.stdout
     assert_bit_identical(weights(whole), weights(tmp_path / "s1"))
     assert same_metrics(metrics_of(whole), metrics_of(tmp_path / "s1"))
 
