@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (ROOT, SLURM_RUNS, cancel_slurm_jobs, slurm_job_prefix, slurm_jobs, snakemake,
-                      start_snakemake, summary_rows, training_spec)
+from conftest import (ROOT, SLURM_RUNS, assert_bit_identical, cancel_slurm_jobs, cli,
+                      slurm_job_prefix, slurm_jobs, snakemake, start_snakemake, state_of,
+                      summary_rows, train_until_saved, training_spec)
 from cifarflow.engine import checkpoint as ckpt
 from cifarflow.slurm import fields
 
@@ -134,21 +135,27 @@ def start_slurm(workdir, *configfiles, args=()) -> subprocess.Popen:
     return proc
 
 
-def start_long_segment(tmp_path, strategy="cpu", epochs=60):
+def start_long_segment(tmp_path, strategy="cpu", epochs=60, frozen=False):
     """A one-segment run through profiles/slurm (its config: tmp_path/long.yaml over
     CONFIG); returns once its job runs and has written an in-segment checkpoint:
-    (snakemake process, job id)."""
+    (snakemake process, job id). ``frozen``: its training is stopped (SIGSTOP) from the
+    moment it is seen and let on in short steps until that checkpoint exists, so it is
+    mid-segment however fast the machine trains (a short run could end otherwise)."""
     long_run = tmp_path / "long.yaml"
     long_run.write_text(f"strategies: [{strategy}]\nsegments: {{count: 1}}\ntrain: {{epochs: "
                         f"{epochs}, batch_size: 10, lr: 0.01, checkpoint_interval_s: 0.5}}\n")
     t0 = time.time()
     proc = start_slurm(tmp_path, CONFIG, long_run)
-    work = tmp_path / f"results/runs/{strategy}/work/checkpoint.json"
-    jobid = None
-    while time.time() - t0 < 300 and not (jobid and work.exists()):
+    work = tmp_path / f"results/runs/{strategy}/work"
+    jobid, training = None, []
+    while time.time() - t0 < 300 and not (training if frozen else
+                                          jobid and (work / "checkpoint.json").exists()):
         jobid = jobid or train_job_id(tmp_path, f"rule_train_{strategy}_wildcards_{strategy}_1")
-        time.sleep(1)
-    assert jobid and work.exists(), "training job did not start"
+        training = training_processes(jobid) if jobid and frozen else []
+        time.sleep(0.05 if jobid else 1)
+    if frozen:
+        train_until_saved(training, work)
+    assert jobid and (work / "checkpoint.json").exists(), "training job did not start"
     return proc, jobid
 
 
@@ -201,15 +208,29 @@ def test_job_killed_for_its_time_limit_is_retried_and_resumes(tmp_path):
     the workflow ends well by itself."""
     proc, jobid = start_long_segment(tmp_path)
     freeze_training(jobid)  # Slurm's SIGCONT/SIGTERM/SIGKILL at the limit still reach it
+    saved = ckpt.read_manifest(tmp_path / "results/runs/cpu/work")  # frozen: the last save
     subprocess.run(["scontrol", "update", f"JobId={jobid}", "TimeLimit=0:30"], check=True)
     output = proc.communicate(timeout=600)[0]
     assert proc.returncode == 0, output[-3000:]
     assert job_state(jobid) == "TIMEOUT" and "TIMEOUT" in output
     logs = tmp_path / "results/logs/train/cpu"
-    assert "resumed from" not in (logs / "segment-1.attempt1.log").read_text()
-    assert "resumed from results/runs/cpu/work at epoch" in \
-        (logs / "segment-1.attempt2.log").read_text()
+    first = (logs / "segment-1.attempt1.log").read_text()
+    assert "resumed from" not in first
+    # Slurm's SIGCONT at the limit lets it train on until its SIGTERM lands; it stops at
+    # the next batch and saves there: the retry resumes at exactly that batch, past the
+    # save it was frozen at
+    stopped = re.search(r"stopping at epoch (\d+) batch (\d+): signal SIGTERM", first)
+    assert stopped, first[-2000:]
+    assert (f"resumed from results/runs/cpu/work at epoch {stopped[1]}, batch {stopped[2]}\n"
+            in (logs / "segment-1.attempt2.log").read_text())
+    assert (int(stopped[1]) - 1, int(stopped[2])) >= (saved["epoch"], saved["step"])
     assert ckpt.read_manifest(tmp_path / "results/runs/cpu/segment-1")["done"]
+    twin = tmp_path / "uninterrupted"  # the same spec trained in one go, outside Slurm
+    cli("train", "--spec", tmp_path / "results/runs/cpu/spec.json", "--data",
+        tmp_path / "results/data/cifar-10-batches-py", "--out", twin, "--threads", 1,
+        timeout=900)
+    assert_bit_identical(state_of(twin)["model"],
+                         state_of(tmp_path / "results/runs/cpu/segment-1")["model"])
     import csv
 
     row = next(csv.DictReader(open(tmp_path / "results/summary.csv")))

@@ -15,7 +15,7 @@ from cifarflow.engine import checkpoint as ckpt
 from cifarflow.job import takeover
 from cifarflow.job import tries
 from cifarflow.slurm import PENDING_FORMAT
-from test_slurm import CONFIG, freeze_training, job_state, slurm, start_long_segment, submitted
+from test_slurm import CONFIG, job_state, slurm, start_long_segment, submitted
 
 pytestmark = pytest.mark.slurm
 
@@ -26,8 +26,7 @@ def test_a_rerun_after_the_controller_died_takes_over_the_live_job(tmp_path):
     The rerun (--unlock, then the same command) cancels that job before its own try
     trains, waits for its end, resumes from its checkpoint, and ends with the weights of
     an uninterrupted run."""
-    proc, old = start_long_segment(tmp_path, epochs=4)
-    freeze_training(old)
+    proc, old = start_long_segment(tmp_path, epochs=4, frozen=True)  # at a known save
     frozen = ckpt.read_manifest(tmp_path / "results/runs/cpu/work")  # its last save
     proc.kill()
     proc.communicate(timeout=60)
