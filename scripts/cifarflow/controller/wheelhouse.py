@@ -22,6 +22,8 @@ from pathlib import Path
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from ..engine.checkpoint import atomic_write_text
+
 # what a training process imports (engine, strategies, environment record), top-level:
 # requirements.txt holds their ranges; no Snakemake, pandas or matplotlib in a job venv
 TRAINING_STACK = ("torch", "torchvision", "lightning", "numpy", "pyyaml", "nvidia-ml-py",
@@ -77,9 +79,7 @@ def write_if_changed(path: Path, text: str) -> bool:
     if path.is_file() and path.read_text() == text:
         return False
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    atomic_write_text(path, text)
     return True
 
 
