@@ -107,7 +107,8 @@ def cmd_train_fused(a) -> None:
     sys.exit(train_fused_members(a.pack, a.segment, a.members, results=a.results, data=a.data,
                                  until_epoch=a.until_epoch, threads=a.threads,
                                  budget_min=a.budget_min, mem_mb=a.mem_mb, stage=a.stage_data,
-                                 mode=a.mode, status=Path(a.status), start_time=START))
+                                 mode=a.mode, status=Path(a.status), start_time=START,
+                                 share_input=not a.no_shared_input))
 
 
 def cmd_record_env(a) -> None:
@@ -219,6 +220,9 @@ def parser() -> argparse.ArgumentParser:
     u.add_argument("--stage-data", choices=["auto", "slurm_tmpdir", "none"], default="none")
     u.add_argument("--mode", choices=FUSE_MODES, default="auto")
     u.add_argument("--status", required=True, help="each member's outcome, written last")
+    u.add_argument("--no-shared-input", action="store_true",
+                   help="gather each member's batch even when all share one order (a "
+                   "benchmark's baseline; the default shares it)")
     u.set_defaults(func=cmd_train_fused)
 
     r = sub.add_parser("record-env", help="write the software environment")

@@ -1,11 +1,15 @@
-"""The K members of a fused group as one model: their parameters and buffers stacked along a
-new leading dimension (torch.func ``stack_module_state``), called functionally on each
-member's slice, with ``vmap`` (one grouped convolution, one batched matmul) or one after
-another (``loop``). Part of engine/fused.py's group."""
+"""The K members of a fused group as one model. Their parameters live in ONE flat ``(K, P)``
+tensor (member k's row holds its P parameter values) and their gradients in another; each
+parameter is a ``(K, ...)`` view into it, so the optimizer updates every member's every
+parameter in a few whole-buffer operations and one ``zero_`` clears all gradients. The model
+is called functionally on each member's views, with ``vmap`` (one grouped convolution, one
+batched matmul; with a shared input batch, conv1 is one dense convolution over K x its
+channels) or one member after another (``loop``). Part of engine/fused.py's group."""
 
 from __future__ import annotations
 
 import copy
+import math
 
 import torch
 from torch.func import functional_call, stack_module_state, vmap
@@ -14,41 +18,65 @@ MODES = ("vmap", "loop")
 
 
 def default_mode(device) -> str:
-    """vmap where grouped convolutions pay (CUDA), loop on CPU (measured: bench/gpu_sweep.py)."""
+    """vmap where grouped convolutions pay (CUDA), loop on CPU (measured: bench/fused_cpu.py)."""
     return "vmap" if str(device).startswith("cuda") else "loop"
 
 
-def member_layout(stacked: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """A copy of the stacked tensor (K, ...) whose slices keep the member's memory format:
-    channels_last convolution weights stay channels_last (oneDNN and cuDNN would otherwise
-    reorder them at every call)."""
-    if like.dim() == 4 and like.is_contiguous(memory_format=torch.channels_last) \
-            and not like.is_contiguous():
-        k, o, i, h, w = stacked.shape
-        out = torch.empty((k, o, h, w, i), dtype=stacked.dtype, device=stacked.device)
-        out = out.permute(0, 1, 4, 2, 3)
-        return out.copy_(stacked)
-    return stacked.clone()
+def keeps_channels_last(like: torch.Tensor) -> bool:
+    return like.dim() == 4 and like.is_contiguous(memory_format=torch.channels_last) \
+        and not like.is_contiguous()
+
+
+def member_view(flat: torch.Tensor, start: int, like: torch.Tensor) -> torch.Tensor:
+    """Columns start.. of the flat (K, P) tensor as a (K, *like.shape) view whose member
+    slices keep the member's memory format: channels_last convolution weights stay
+    channels_last (oneDNN and cuDNN would otherwise reorder them at every call)."""
+    block = flat[:, start:start + like.numel()]
+    if keeps_channels_last(like):
+        o, i, h, w = like.shape
+        return block.view(-1, o, h, w, i).permute(0, 1, 4, 2, 3)
+    return block.view(-1, *like.shape)
 
 
 class FusedModel:
-    """The stacked parameters and buffers of K members of one architecture. The members'
-    own modules are where their state is imported from and exported to (checkpoints)."""
+    """The parameters and buffers of K members of one architecture. The members' own
+    modules are where their state is imported from and exported to (checkpoints)."""
 
     def __init__(self, modules: list, mode: str):
         if mode not in MODES:
             raise ValueError(f"fused mode {mode!r}: one of {MODES}")
         self.mode, self.size = mode, len(modules)
         self.template = copy.deepcopy(modules[0]).to("meta")
-        params, buffers = stack_module_state(modules)
-        self.params = {name: member_layout(p.detach(), modules[0].get_parameter(name))
-                       .requires_grad_() for name, p in params.items()}
+        first = modules[0]
+        names = [name for name, _ in first.named_parameters()]
+        self.offsets, total = {}, 0
+        for name in names:
+            self.offsets[name] = total
+            total += first.get_parameter(name).numel()
+        device, dtype = first.get_parameter(names[0]).device, first.get_parameter(names[0]).dtype
+        self.flat = torch.empty(self.size, total, dtype=dtype, device=device)
+        self.flat_grad = torch.zeros_like(self.flat)
+        self.params = {}
+        for name in names:
+            like = first.get_parameter(name)
+            view = member_view(self.flat, self.offsets[name], like)
+            with torch.no_grad():
+                view.copy_(torch.stack([m.get_parameter(name).detach() for m in modules]))
+            # a leaf whose storage is the flat tensor; autograd accumulates its gradient in
+            # place into the flat gradient's view (p.grad is never replaced)
+            view.requires_grad_()
+            view.grad = member_view(self.flat_grad, self.offsets[name], like)
+            self.params[name] = view
+        # convolution weights kept channels_last: vmap folds (K, O) into one dimension, which
+        # the flat tensor's row stride does not allow, so the call gets a copy whose member
+        # slices stay channels_last (else oneDNN and cuDNN run another algorithm than alone)
+        self.channels_last = [name for name in names if keeps_channels_last(first.get_parameter(name))]
+        _, buffers = stack_module_state(modules)
         self.buffers = {name: b.detach().clone() for name, b in buffers.items()}
-        for p in self.params.values():
-            p.grad = torch.zeros_like(p)  # accumulated into in place: one tensor for the step
+        self._vmapped = {}
 
     def member_state(self, k: int) -> dict:
-        """Member k's parameters and buffers: views into the stacked tensors."""
+        """Member k's parameters and buffers: views into the fused tensors."""
         state = {name: p[k] for name, p in self.params.items()}
         state.update({name: b[k] for name, b in self.buffers.items()})
         return state
@@ -58,24 +86,42 @@ class FusedModel:
         """Each member's current weights and running statistics into its own module."""
         for k, module in enumerate(modules):
             for name, tensor in [*module.named_parameters(), *module.named_buffers()]:
-                stacked = self.params.get(name)
-                tensor.copy_(stacked[k] if stacked is not None else self.buffers[name][k])
+                fused = self.params.get(name)
+                tensor.copy_(fused[k] if fused is not None else self.buffers[name][k])
 
     def train(self, mode: bool = True) -> None:
         self.template.train(mode)
+
+    def _call(self, shared_input: bool):
+        """The vmapped functional call, built once per input kind."""
+        if shared_input not in self._vmapped:
+            def call(params, buffers, inputs):
+                return functional_call(self.template, (params, buffers), (inputs,))
+            self._vmapped[shared_input] = vmap(call, in_dims=(0, 0, None if shared_input else 0),
+                                               randomness="different")
+        return self._vmapped[shared_input]
 
     def forward(self, x, shared_input: bool = False):
         """Logits (K, B, classes) of each member on its own batch x[k] (x: (K, B, ...)), or
         on the same batch x (B, ...) with ``shared_input``."""
         if self.mode == "vmap":
-            def call(params, buffers, inputs):
-                return functional_call(self.template, (params, buffers), (inputs,))
-            fused = vmap(call, in_dims=(0, 0, None if shared_input else 0), randomness="different")
-            return fused(self.params, self.buffers, x)
+            params = dict(self.params)
+            for name in self.channels_last:
+                k, o, i, h, w = params[name].shape
+                params[name] = params[name].new_empty((k, o, h, w, i)).permute(0, 1, 4, 2, 3) \
+                    .copy_(params[name])
+            return self._call(shared_input)(params, self.buffers, x)
         return torch.stack([functional_call(self.template, self.member_state(k),
                                             (x if shared_input else x[k],))
                             for k in range(self.size)])
 
     def zero_grad(self) -> None:
-        for p in self.params.values():
-            p.grad.zero_()
+        self.flat_grad.zero_()
+
+    def param_bytes(self) -> int:
+        return self.flat.numel() * self.flat.element_size()
+
+    def columns(self, name: str) -> slice:
+        """The flat tensor's columns that hold parameter ``name``."""
+        start = self.offsets[name]
+        return slice(start, start + math.prod(self.params[name].shape[1:]))

@@ -198,10 +198,13 @@ class Segment(SegmentCheckpoints):
         self.start_epoch()
         return self._decide(rec["wall_s"] / max(1, self.steps) + self.save_s, settle=True)
 
-    def close_epoch(self, evaluate) -> dict:
+    def close_epoch(self, evaluate, folded: bool = False) -> dict:
         """The finished epoch's record (sums reduced over ranks, ``evaluate()`` the test
-        accuracy), into the history, the log and TensorBoard; the next epoch begins."""
-        self.meter.fold(self.progress)
+        accuracy), into the history, the log and TensorBoard; the next epoch begins.
+        ``folded``: the caller folded the meter already (a fused group, before its
+        evaluation)."""
+        if not folded:
+            self.meter.fold(self.progress)
         p, s = self.progress, self.strategy
         ips_rank = p.seen / p.train_s if p.train_s else 0.0
         sums = s.all_reduce(torch.tensor([p.loss_sum, p.correct, p.seen, ips_rank],

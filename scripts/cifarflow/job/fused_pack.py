@@ -69,7 +69,8 @@ def run_fused_pack(pack: str, k: int, members: list[str], results: str, data: st
 
 def train_fused_members(pack: str, k: int, members: list[str], results: str, data: str,
                         until_epoch: int, threads: int, budget_min: float, mem_mb: int,
-                        stage: str, mode: str, status: Path, start_time: float) -> int:
+                        stage: str, mode: str, status: Path, start_time: float,
+                        share_input: bool = True) -> int:
     """`cifarflow train-fused`: each member's log (its own try, as unpacked), its try in
     tries.jsonl, then the fused training; each member's outcome in ``status``."""
     from . import tries
@@ -112,7 +113,8 @@ def train_fused_members(pack: str, k: int, members: list[str], results: str, dat
         print(f"[fused {pack}] {line}", flush=True)
 
     try:
-        results_of = train_fused(segments, None if mode == "auto" else mode, start_time, say)
+        results_of = train_fused(segments, None if mode == "auto" else mode, start_time, say,
+                                 share_input)
     except BaseException as exc:  # the whole group failed: every member's try says why
         for segment in segments:
             run_dir, attempt = segment.try_of
