@@ -12,7 +12,7 @@ import itertools
 import math
 from dataclasses import dataclass, field
 
-from ..config import TrainConfig, data_identity
+from ..config import TrainConfig, data_identity, resolve_augment
 from .prune import check_prune
 from .sizing import Policy
 from ..engine.strategies import Strategy, get_strategy, registered
@@ -126,7 +126,8 @@ def plan_run(strategy: str, config: dict, swept: dict) -> Run:
         train["num_workers"] = int(res["cpus_per_task"])  # the seed: workers = cpus
     world = cls.world_size(sections)
     cfg = TrainConfig.from_dict({
-        **train, "run": name, "strategy": strategy, "world_size": world,
+        **train, "augment": resolve_augment(train["model"], train["augment"]),
+        "tta": config["eval"]["tta"], "run": name, "strategy": strategy, "world_size": world,
         **cls.process_settings(sections), "data_id": data_identity(config["data"]),
         "margin_s": float(sections["segments"]["margin_s"]),
         "budget_s": float(sections["segments"]["budget_s"]),
