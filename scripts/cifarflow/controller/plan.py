@@ -160,8 +160,12 @@ def fuse_mode(setting) -> str:
 
 def fusable(run: Run) -> bool:
     """A fused group holds the split in memory (the tensor loader) and calls the plain model
-    (torch.compile is not applied)."""
-    return run.config.loader == "tensor"
+    (torch.compile is not applied). Its batches, step and evaluation do not yet apply
+    train.augment, train.label_smoothing or eval.tta (engine/augment.py has what they need):
+    until they do, such runs form plain packs rather than train other than their spec says."""
+    cfg = run.config
+    return (cfg.loader == "tensor" and not any(cfg.augment.values())
+            and not cfg.label_smoothing and cfg.tta == "none")
 
 
 def build_packs(runs: dict[str, Run], runs_per_job: int, fuse: str = "",
@@ -210,7 +214,8 @@ def describe_fusion(runs: dict[str, Run], packs: dict[str, Pack]) -> str | None:
         line += "; runs of another model, batch size, epochs or amp fuse apart"
     if plain:
         line += (f"; {sum(len(p.members) for p in plain)} run(s) that cannot fuse (loader "
-                 f"torchvision) in {len(plain)} plain pack(s)")
+                 f"torchvision, or train.augment, label_smoothing or eval.tta on) in "
+                 f"{len(plain)} plain pack(s)")
     return line
 
 
