@@ -122,18 +122,20 @@ def build_wheelhouse(requirements: list[str], wheelhouse: Path) -> Path:
 
 DISTRIBUTED_KEYS = ("world_size", "nodes", "device", "backend", "lr_scaling")
 SEGMENT_KEYS = ("budget_s", "margin_s", "elastic")
+EVAL_KEYS = ("tta",)
 SPECS = Path(tempfile.mkdtemp(prefix="cifarflow-specs-"))
 
 
 def spec(strategy: str = "cpu", **kw) -> Path:
     """A run's spec.json, planned by plan.py exactly as the workflow plans it; kw are
-    train keys, or distributed/segments keys by name. Data: the cifar_dir fixture's."""
+    train keys, or distributed/segments/eval keys by name. Data: the cifar_dir fixture's."""
     config = {"strategies": [strategy], "train": {"epochs": 2, "batch_size": 100, "lr": 0.05,
               "eval_batch_size": 400, "log_interval_s": 1000},
-              "data": {"synthetic": SYNTHETIC}, "distributed": {}, "segments": {}}
+              "data": {"synthetic": SYNTHETIC}, "distributed": {}, "segments": {}, "eval": {}}
     for key, value in kw.items():
         section = ("distributed" if key in DISTRIBUTED_KEYS else
-                   "segments" if key in SEGMENT_KEYS else "train")
+                   "segments" if key in SEGMENT_KEYS else
+                   "eval" if key in EVAL_KEYS else "train")
         config[section][key] = value
     cfg = build_runs(with_defaults(config))[strategy].config
     path = SPECS / f"{hashlib.sha256(json.dumps(cfg.to_dict(), sort_keys=True).encode()).hexdigest()[:16]}.json"

@@ -23,7 +23,31 @@ SCHEMA = Path(__file__).resolve().parents[2] / "workflow" / "schemas" / "config.
 # is under way; the stop is a pure function of the checkpointed epoch records.
 SHAPING_FIELDS = ("strategy", "model", "model_args", "epochs", "batch_size", "optimizer", "lr",
                   "momentum", "weight_decay", "scheduler", "warmup_epochs", "seed", "world_size",
-                  "lr_scaling", "amp", "data_id")
+                  "lr_scaling", "amp", "data_id", "augment", "label_smoothing")
+
+# Shaping fields added since the first checkpoints, with the value that trains as before
+# them: a checkpoint that lacks one trained with that value, and a config that has it hashes
+# as if it were absent, so upgrading resumes the runs under way (eval.tta is not shaping).
+NEUTRAL = {"augment": {"flip": False, "crop": 0}, "label_smoothing": 0.0}
+
+# train.augment's "auto": what each registered model is known to need. None for the seed's
+# LeNet (the seed trains without, and the seed comparison stays fair); flips and 4-pixel
+# translations for ResNet-18 (kuangliu/pytorch-cifar's RandomCrop(32, padding=4) +
+# RandomHorizontalFlip); flips and 2-pixel translations for fastnet (airbench94's recipe,
+# arXiv 2404.00498). A model of your own (package.module:factory) gets none.
+MODEL_AUGMENT = {"lenet": {"flip": False, "crop": 0},
+                 "resnet18": {"flip": True, "crop": 4},
+                 "fastnet": {"flip": True, "crop": 2}}
+AUTO = "auto"
+
+
+def resolve_augment(model: str, augment: dict | None) -> dict:
+    """train.augment with each "auto" (or missing) key replaced by the model's default
+    (MODEL_AUGMENT): the one place a model's augmentation is decided."""
+    known = MODEL_AUGMENT.get(model, NEUTRAL["augment"])
+    given = dict(augment or {})
+    return {key: known[key] if given.get(key, AUTO) == AUTO else given[key]
+            for key in ("flip", "crop")}
 
 # A segment with a time budget T stops at T - margin_s: the engine already stops before a
 # batch (and the save that may follow it, at its measured cost) would end past that, so the
@@ -147,6 +171,9 @@ class TrainConfig:
     elastic: bool                  # may resume on another world size at an epoch boundary
     keep_weights: str              # all | last: earlier segments' weights dropped (and best)
     early_stop: dict               # train.early_stop (cifarflow.early_stop)
+    augment: dict                  # train.augment resolved: {flip: bool, crop: pixels}
+    label_smoothing: float         # F.cross_entropy's label_smoothing of the training loss
+    tta: str                       # eval.tta: none | flip (test accuracy over image and mirror)
 
     def __post_init__(self):
         def need(cond, msg):
@@ -169,6 +196,14 @@ class TrainConfig:
              "tf32_matmul applies to CUDA matmuls only and this run trains on cpu")
         need(not self.model_args or ":" in self.model,
              f"model_args apply to a module:factory model only; {self.model} takes none")
+        aug = self.augment
+        need(isinstance(aug, dict) and set(aug) == {"flip", "crop"}
+             and isinstance(aug["flip"], bool) and isinstance(aug["crop"], int)
+             and not isinstance(aug["crop"], bool) and 0 <= aug["crop"] <= 16,
+             f"augment must be {{flip: true|false, crop: 0..16 pixels}} as resolved by the plan "
+             f"(config.resolve_augment), not {aug!r}")
+        need(0 <= self.label_smoothing < 1, "label_smoothing must be in [0, 1)")
+        need(self.tta in ("none", "flip"), f"tta must be none or flip, not {self.tta!r}")
         self.stopping()  # its own checks
 
     def stopping(self):
@@ -215,9 +250,13 @@ class TrainConfig:
         return self.lr * scale
 
     def shaping_hash(self) -> str:
-        shaping = {k: getattr(self, k) for k in SHAPING_FIELDS}
+        shaping = {k: getattr(self, k) for k in SHAPING_FIELDS
+                   if k not in NEUTRAL or getattr(self, k) != NEUTRAL[k]}
         return hashlib.sha256(json.dumps(shaping, sort_keys=True).encode()).hexdigest()[:16]
 
     def shaping_diff(self, other: dict) -> dict:
-        return {k: (other.get(k), getattr(self, k)) for k in SHAPING_FIELDS
-                if other.get(k) != getattr(self, k)}
+        """The shaping fields whose value in ``other`` (a checkpoint's config) differs; a
+        field ``other`` predates counts as its NEUTRAL value."""
+        old = {k: other.get(k, NEUTRAL.get(k)) for k in SHAPING_FIELDS}
+        return {k: (old[k], getattr(self, k)) for k in SHAPING_FIELDS
+                if old[k] != getattr(self, k)}

@@ -12,7 +12,7 @@ def runs_of(sweep: dict, **train):
 
 def test_fused_packs_share_model_and_batch_size():
     runs = runs_of({"lr": [0.01, 0.02, 0.03], "batch_size": [128, 256],
-                    "model": ["lenet", "resnet18"]})
+                    "model": ["lenet", "resnet18"]}, augment={"flip": False, "crop": 0})
     packs = build_packs(runs, 4, fuse="auto")
     assert sum(len(p.members) for p in packs.values()) == 24  # 12 runs of each strategy
     for pack in packs.values():
@@ -39,8 +39,21 @@ def test_runs_that_cannot_fuse_go_to_plain_packs_and_the_line_says_so():
     packs = build_packs(runs, 8, fuse="vmap")
     kinds = sorted((p.fuse, len(p.members)) for p in packs.values())
     assert kinds == [("", 2), ("", 2), ("vmap", 2), ("vmap", 2)]
-    assert "4 run(s) that cannot fuse (loader torchvision) in 2 plain pack(s)" in \
+    assert ("4 run(s) that cannot fuse (loader torchvision, or train.augment, label_smoothing "
+            "or eval.tta on) in 2 plain pack(s)") in \
         describe_fusion(runs, packs)
+
+
+def test_runs_with_augmentation_smoothing_or_tta_go_to_plain_packs_until_fusion_has_them():
+    """resnet18's auto augmentation, lenet with label smoothing: plain packs, never a fused
+    group that would train them without (its batches and step do not apply them yet)."""
+    runs = runs_of({"lr": [0.01, 0.02], "model": ["lenet", "resnet18"]}, label_smoothing=0.0)
+    packs = build_packs(runs, 8, fuse="auto")
+    fused = {runs[m].config.model for p in packs.values() if p.fuse for m in p.members}
+    assert fused == {"lenet"}  # resnet18 (flip + crop 4 by default) packs plain
+    for kw in ({"label_smoothing": 0.1}, {"augment": {"flip": True}}):
+        packs = build_packs(runs_of({"lr": [0.01, 0.02]}, **kw), 8, fuse="auto")
+        assert not any(p.fuse for p in packs.values()), kw
 
 
 def test_fuse_setting():

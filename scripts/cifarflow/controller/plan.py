@@ -12,7 +12,7 @@ import itertools
 import math
 from dataclasses import dataclass, field
 
-from ..config import TrainConfig, data_identity
+from ..config import TrainConfig, data_identity, resolve_augment
 from .prune import check_prune
 from .sizing import Policy
 from ..engine.strategies import Strategy, get_strategy, registered
@@ -126,7 +126,8 @@ def plan_run(strategy: str, config: dict, swept: dict) -> Run:
         train["num_workers"] = int(res["cpus_per_task"])  # the seed: workers = cpus
     world = cls.world_size(sections)
     cfg = TrainConfig.from_dict({
-        **train, "run": name, "strategy": strategy, "world_size": world,
+        **train, "augment": resolve_augment(train["model"], train["augment"]),
+        "tta": config["eval"]["tta"], "run": name, "strategy": strategy, "world_size": world,
         **cls.process_settings(sections), "data_id": data_identity(config["data"]),
         "margin_s": float(sections["segments"]["margin_s"]),
         "budget_s": float(sections["segments"]["budget_s"]),
@@ -159,8 +160,12 @@ def fuse_mode(setting) -> str:
 
 def fusable(run: Run) -> bool:
     """A fused group holds the split in memory (the tensor loader) and calls the plain model
-    (torch.compile is not applied)."""
-    return run.config.loader == "tensor"
+    (torch.compile is not applied). Its batches, step and evaluation do not yet apply
+    train.augment, train.label_smoothing or eval.tta (engine/augment.py has what they need):
+    until they do, such runs form plain packs rather than train other than their spec says."""
+    cfg = run.config
+    return (cfg.loader == "tensor" and not any(cfg.augment.values())
+            and not cfg.label_smoothing and cfg.tta == "none")
 
 
 def build_packs(runs: dict[str, Run], runs_per_job: int, fuse: str = "",
@@ -209,7 +214,8 @@ def describe_fusion(runs: dict[str, Run], packs: dict[str, Pack]) -> str | None:
         line += "; runs of another model, batch size, epochs or amp fuse apart"
     if plain:
         line += (f"; {sum(len(p.members) for p in plain)} run(s) that cannot fuse (loader "
-                 f"torchvision) in {len(plain)} plain pack(s)")
+                 f"torchvision, or train.augment, label_smoothing or eval.tta on) in "
+                 f"{len(plain)} plain pack(s)")
     return line
 
 

@@ -71,7 +71,7 @@ def build_scheduler(cfg: TrainConfig, optimizer, steps_per_epoch: int):
 def build_batches(cfg: TrainConfig, strategy, data_dir: Path, train_split):
     """This rank's training batches: the in-memory uint8 loader, or the seed's DataLoader."""
     kw = dict(rank=strategy.rank, world_size=strategy.world_size,
-              channels_last=cfg.channels_last, device=strategy.device)
+              channels_last=cfg.channels_last, device=strategy.device, augment=cfg.augment)
     if cfg.loader == "torchvision":
         return TorchvisionBatches(data_dir, train_split, cfg.batch_size, cfg.seed,
                                   num_workers=cfg.num_workers, **kw)

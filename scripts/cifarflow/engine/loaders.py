@@ -11,6 +11,12 @@ Two interchangeable paths that visit images in the same order:
 The order of epoch ``e`` is a pure function of (seed, e), so a run can resume at any
 batch without saving sampler internals, and rank ``r`` of ``w`` takes every w-th index
 of the padded order exactly like ``DistributedSampler``.
+
+Both apply ``train.augment`` (``augment.py``) to each training batch, on its device, with
+the draws of (seed, epoch, batch, rank): the tensor loader to the gathered uint8 pixels
+before normalising, the torchvision loader to the collated [0, 1] batch before its
+``Normalize`` (so both give the same images; a per-image transform would draw from the
+workers' RNGs, which a resume cannot replay). Test batches are never augmented.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from pathlib import Path
 import torch
 
 from .. import data
+from .augment import Augment
 
 MEAN = STD = 0.5  # the seed's Normalize((0.5,)*3, (0.5,)*3)
 
@@ -70,10 +77,11 @@ class TensorBatches:
 
     def __init__(self, split: Split, batch_size: int, seed: int, rank: int = 0,
                  world_size: int = 1, channels_last: bool = True, device: str = "cpu",
-                 shuffle: bool = True):
+                 shuffle: bool = True, augment: Augment | dict | None = None):
         self.split, self.batch_size, self.seed = split, batch_size, seed
         self.rank, self.world_size = rank, world_size
         self.channels_last, self.device, self.shuffle = channels_last, device, shuffle
+        self.augment = augment if isinstance(augment, Augment) else Augment.of(augment)
         if self.on_device:
             self.split = split.to(device)
 
@@ -84,11 +92,17 @@ class TensorBatches:
     def __len__(self) -> int:
         return math.ceil(math.ceil(len(self.split) / self.world_size) / self.batch_size)
 
+    def augmented(self, x: torch.Tensor, epoch: int, batch: int, fill: float = 0) -> torch.Tensor:
+        """Batch ``batch`` of ``epoch`` (its pixels ``x``) as this run's ``train.augment``
+        changes it on this rank: ``x`` itself when augmentation is off. A fused group calls
+        it for each member (each with its own seed)."""
+        return self.augment.batch(x, self.seed, epoch, batch, self.rank, fill)
+
     def epoch(self, epoch: int, start: int = 0):
         idx = self.indices(epoch).to(self.split.images.device)
         for b in range(start, len(self)):
             sel = idx[b * self.batch_size:(b + 1) * self.batch_size]
-            x = self.split.images.index_select(0, sel)
+            x = self.augmented(self.split.images.index_select(0, sel), epoch, b)
             y = self.split.labels.index_select(0, sel)
             yield normalize(x, self.channels_last), y
 
@@ -134,7 +148,9 @@ class TorchvisionBatches(TensorBatches):
         super().__init__(split, batch_size, seed, **kw)
         import torchvision.transforms as T
 
-        transform = T.Compose([T.ToTensor(), T.Normalize((MEAN,) * 3, (STD,) * 3)])
+        # augmented: Normalize after the batch's augmentation (epoch), the same arithmetic
+        transform = (T.ToTensor() if self.augment else
+                     T.Compose([T.ToTensor(), T.Normalize((MEAN,) * 3, (STD,) * 3)]))
         self.dataset = verified_cifar10(batches_dir, train, transform)
         self.num_workers = num_workers
         self.pin_memory = self.device != "cpu"
@@ -145,10 +161,12 @@ class TorchvisionBatches(TensorBatches):
             self.dataset, batch_size=self.batch_size, sampler=_OrderSampler(idx),
             num_workers=self.num_workers, pin_memory=self.pin_memory,
             persistent_workers=False)
-        for x, y in loader:
+        for b, (x, y) in enumerate(loader, start):
             if self.device != "cpu":
                 x = x.to(self.device, non_blocking=True)
                 y = y.to(self.device, non_blocking=True)
+            if self.augment:  # as T.Normalize computes it, after the augmentation
+                x = self.augmented(x, epoch, b).sub_(MEAN).div_(STD)
             if self.channels_last:
                 x = x.contiguous(memory_format=torch.channels_last)
             yield x, y

@@ -142,6 +142,56 @@ def resnet18() -> nn.Module:
     return model
 
 
+class _ConvGroup(nn.Module):
+    """airbench94's block: conv 3x3, max-pool 2, BatchNorm, GELU, conv 3x3, BatchNorm, GELU."""
+
+    def __init__(self, c_in: int, c_out: int, momentum: float):
+        super().__init__()
+        self.conv1 = nn.Conv2d(c_in, c_out, 3, padding=1, bias=False)
+        self.pool = nn.MaxPool2d(2)
+        self.norm1 = nn.BatchNorm2d(c_out, momentum=momentum, eps=1e-12)
+        self.conv2 = nn.Conv2d(c_out, c_out, 3, padding=1, bias=False)
+        self.norm2 = nn.BatchNorm2d(c_out, momentum=momentum, eps=1e-12)
+        self.act = nn.GELU()
+
+    def forward(self, x):
+        x = self.act(self.norm1(self.pool(self.conv1(x))))
+        return self.act(self.norm2(self.conv2(x)))
+
+
+@register("fastnet")
+class FastNet(nn.Module):
+    """The network of airbench94 (K. Jordan, "94% on CIFAR-10 in 3.29 seconds on a single
+    GPU", arXiv 2404.00498; github.com/KellerJordan/cifar10-airbench), written here rather
+    than imported (docs/recipes.md says why): a 2x2 stem of 24 channels, three conv groups
+    of 64, 256 and 256 channels (each halves the resolution: 31 -> 15 -> 7 -> 3), a 3x3
+    max-pool, a linear head scaled by 1/9. 1.97 M parameters.
+
+    What it leaves out of airbench's trainer: the stem's whitening initialisation from
+    training patches (the stem trains like every other layer), frozen BatchNorm weights,
+    Nesterov SGD with a 64x bias learning rate, lookahead; the engine's SGD, schedules and
+    ``train.label_smoothing``, ``train.augment``, ``eval.tta`` stand in for them."""
+
+    def __init__(self, widths: tuple = (64, 256, 256), momentum: float = 0.4):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 24, kernel_size=2, padding=0, bias=True)
+        self.act = nn.GELU()
+        self.group1 = _ConvGroup(24, widths[0], momentum)
+        self.group2 = _ConvGroup(widths[0], widths[1], momentum)
+        self.group3 = _ConvGroup(widths[1], widths[2], momentum)
+        self.pool = nn.MaxPool2d(3)
+        self.head = nn.Linear(widths[2], 10, bias=False)
+        self.scale = 1 / 9
+
+    def forward(self, x):
+        x = self.act(self.stem(x))
+        x = self.group3(self.group2(self.group1(x)))
+        return self.head(torch.flatten(self.pool(x), 1)) * self.scale
+
+    def shard_units(self) -> list[nn.Module]:
+        return [self.group1, self.group2, self.group3]
+
+
 def shard_units(model: nn.Module) -> list[nn.Module]:
     """The blocks FSDP shards one by one (the root is sharded last): the model's own
     ``shard_units()``, else a ResNet's layer1..4, else none (the model is one unit)."""

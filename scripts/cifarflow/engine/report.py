@@ -65,8 +65,11 @@ class Reporter:
         if self.board:
             for tag, key in EPOCH_SCALARS.items():
                 self.board.add_scalar(tag, record[key], step)
+            if "test_acc_tta" in record:  # eval.tta
+                self.board.add_scalar("test/acc_tta", record["test_acc_tta"], step)
+        tta = f" (tta {record['test_acc_tta']:.3f})" if "test_acc_tta" in record else ""
         self.log(f"epoch {record['epoch']}/{epochs} loss {record['train_loss']:.4f} "
-                 f"train_acc {record['train_acc']:.3f} test_acc {record['test_acc']:.3f} "
+                 f"train_acc {record['train_acc']:.3f} test_acc {record['test_acc']:.3f}{tta} "
                  f"{record['images_per_sec']:,.0f} img/s ({record['wall_s']:.1f} s)")
 
     def saved(self) -> None:

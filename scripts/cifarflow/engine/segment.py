@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from . import checkpoint as ckpt
 from ..config import TrainConfig
+from .augment import mirror
 from .loaders import Split, eval_batches
 from .stage import stage_split
 from .build import (build_batches, build_optimizer, build_placed_model, build_scheduler,
@@ -131,7 +132,8 @@ class Segment(SegmentCheckpoints):
         """Loss and correct predictions of one batch (the forward pass every loop uses)."""
         with self.strategy.autocast():
             out = self.model(x)
-            return F.cross_entropy(out, y), (out.argmax(1) == y).sum()
+            loss = F.cross_entropy(out, y, label_smoothing=self.cfg.label_smoothing)
+            return loss, (out.argmax(1) == y).sum()
 
     def train_step(self, x, y):
         loss, hits = self.compute(x, y)
@@ -173,19 +175,27 @@ class Segment(SegmentCheckpoints):
         return reason
 
     @torch.no_grad()
-    def evaluate(self) -> float:
+    def evaluate(self) -> dict:
+        """Test accuracy (``test_acc``), and with eval.tta flip ``test_acc_tta``: each image
+        classified by the mean of the logits of it and its mirror (airbench's TTA)."""
         s = self.strategy
         s.sync_buffers(self.model)
         self.model.eval()
-        hits = torch.zeros(2, dtype=torch.float64, device=s.device)
+        tta = self.cfg.tta == "flip"
+        hits = torch.zeros(3, dtype=torch.float64, device=s.device)
         for x, y, valid in eval_batches(self.test_split, self.cfg.eval_batch_size, s.rank,
                                         s.world_size, self.cfg.channels_last, s.device):
             with s.autocast():
-                pred = self.model(x).argmax(1)
-            hits += torch.stack([((pred == y) & valid).sum(), valid.sum()]).double()
+                logits = self.model(x)
+                both = (logits.float() + self.model(mirror(x)).float()) if tta else logits
+            hits += torch.stack([((logits.argmax(1) == y) & valid).sum(),
+                                 ((both.argmax(1) == y) & valid).sum(), valid.sum()]).double()
         self.model.train()
         totals = s.all_reduce(hits.to(s.reduce_device))
-        return float(totals[0] / totals[1])
+        accs = {"test_acc": float(totals[0] / totals[2])}
+        if tta:
+            accs["test_acc_tta"] = float(totals[1] / totals[2])
+        return accs
 
     def end_epoch(self) -> str | None:
         """Record the finished epoch (reduced over ranks, evaluated); then, if more epochs
@@ -199,10 +209,10 @@ class Segment(SegmentCheckpoints):
         return self._decide(rec["wall_s"] / max(1, self.steps) + self.save_s, settle=True)
 
     def close_epoch(self, evaluate, folded: bool = False) -> dict:
-        """The finished epoch's record (sums reduced over ranks, ``evaluate()`` the test
-        accuracy), into the history, the log and TensorBoard; the next epoch begins.
-        ``folded``: the caller folded the meter already (a fused group, before its
-        evaluation)."""
+        """The finished epoch's record (sums reduced over ranks; ``evaluate()`` the test
+        accuracy, or a dict of test_acc and test_acc_tta), into the history, the log and
+        TensorBoard; the next epoch begins. ``folded``: the caller folded the meter already
+        (a fused group, before its evaluation)."""
         if not folded:
             self.meter.fold(self.progress)
         p, s = self.progress, self.strategy
@@ -211,15 +221,18 @@ class Segment(SegmentCheckpoints):
                                          dtype=torch.float64, device=s.reduce_device))
         gpu = self.report.gpu_use()
         t_eval = time.perf_counter()
-        test_acc = evaluate()
+        accs = evaluate()
+        accs = accs if isinstance(accs, dict) else {"test_acc": accs}
         rec = {"epoch": p.epoch + 1, "train_loss": float(sums[0] / sums[2]),
-               "train_acc": float(sums[1] / sums[2]), "test_acc": test_acc,
+               "train_acc": float(sums[1] / sums[2]), "test_acc": accs["test_acc"],
                "images_per_sec": float(sums[3]), "images_per_sec_per_rank": ips_rank,
                "wall_s": p.train_s, "eval_s": time.perf_counter() - t_eval,
                "lr": self.scheduler.get_last_lr()[0], "world_size": s.world_size,
                "peak_mem_mb": peak_memory_mb(s.device), "gpu_util_pct": gpu["gpu_util_pct"],
                "gpu_mem_mb": gpu["gpu_mem_mb"], "amp": s.amp,
                "slurm_job_id": os.environ.get("SLURM_JOB_ID", ""), "hosts": self.hosts}
+        if "test_acc_tta" in accs:  # eval.tta: flip
+            rec["test_acc_tta"] = accs["test_acc_tta"]
         p.history.append(rec)
         p.next_epoch()
         self.report.epoch(rec, self.global_step(), self.cfg.epochs)

@@ -12,8 +12,9 @@ from ..files import read_jsonl
 from ..job.tries import tries_of
 
 COLUMNS = ["run", "strategy", "device", "model", "batch_size", "world_size", "cpus_per_task",
-           "epochs", "amp",
-           "images_per_sec", "images_per_sec_per_core", "train_loss", "test_acc", "wall_s",
+           "epochs", "amp", "augment", "label_smoothing",
+           "images_per_sec", "images_per_sec_per_core", "train_loss", "test_acc", "test_acc_tta",
+           "wall_s",
            "epoch_s", "peak_mem_mb", "gpu_util_pct", "segments", "attempts", "requeues",
            "early_stops", "slurm_job_ids", "hosts", "status", "early_stop", "plateau",
            "pruned_at", "resized", "data_source", "data_md5",
@@ -35,12 +36,22 @@ def data_columns(data_id: str, record: dict | None) -> dict:
     return {"data_source": "cifar-10" if data_id else "", "data_md5": data_id}
 
 
+def augment_label(augment: dict | None) -> str:
+    """train.augment as the summary shows it: "flip+crop4", "flip", "crop2" or "none"."""
+    augment = augment or {}
+    parts = (["flip"] if augment.get("flip") else []) + \
+        ([f"crop{augment['crop']}"] if augment.get("crop") else [])
+    return "+".join(parts) or "none"
+
+
 def summarize_run(name: str, run: dict, states_of=None) -> dict:
     spec, res = run["spec"], run["resources"]
     row = {"run": name, "strategy": run["strategy"], "device": spec["device"], "model": spec["model"],
            "batch_size": spec["batch_size"], "world_size": spec.get("world_size", 1),
            "cpus_per_task": res.get("cpus_per_task"), "epochs": spec["epochs"],
            "epochs_planned": spec["epochs"], "planned_segments": run.get("planned_segments"),
+           "augment": augment_label(spec.get("augment")),
+           "label_smoothing": spec.get("label_smoothing", 0.0),
            **data_columns(spec.get("data_id", ""), run.get("data")),
            **{f"sweep_{k}": v for k, v in run.get("swept", {}).items()}}
     path = run.get("metrics")
@@ -81,7 +92,8 @@ def summarize_run(name: str, run: dict, states_of=None) -> dict:
     return {**row, "epochs": last["epoch"], "amp": last.get("amp", spec.get("amp")),
             "images_per_sec": ips,
             "images_per_sec_per_core": ips / cores, "train_loss": last["train_loss"],
-            "test_acc": last["test_acc"], "wall_s": sum(h["wall_s"] for h in history),
+            "test_acc": last["test_acc"], "test_acc_tta": last.get("test_acc_tta"),
+            "wall_s": sum(h["wall_s"] for h in history),
             "epoch_s": sum(h["wall_s"] for h in timed) / len(timed),
             "peak_mem_mb": max(h["peak_mem_mb"] for h in history),
             "gpu_util_pct": sum(util) / len(util) if util else None,
