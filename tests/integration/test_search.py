@@ -6,12 +6,13 @@ import json
 import socket
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 import yaml
 
 from conftest import PY, ROOT, cli, snakemake, summary_rows
-from test_workflow import VisibleText
+from test_workflow import VisibleText, chromium_dom
 
 from cifarflow.results.study import load_studies
 
@@ -98,24 +99,15 @@ def free_port() -> int:
 
 
 def rendered(url: str, profile) -> list[str]:
-    chromium = next((c for c in ("chromium", "chromium-browser") if
-                     subprocess.run(["which", c], capture_output=True).returncode == 0), None)
-    assert chromium, "install Debian's chromium (make debian-packages does)"
-    browser = [chromium, "--headless", "--no-sandbox", "--disable-gpu",
-               "--disable-background-networking", "--disable-component-update",
-               "--no-first-run", f"--user-data-dir={profile}",
-               "--virtual-time-budget=10000", "--window-size=1280,900"]
-    dom = subprocess.run([*browser, "--dump-dom", url], capture_output=True, text=True,
-                         timeout=120).stdout
     seen = VisibleText()
-    seen.feed(dom)
+    seen.feed(chromium_dom(url, profile))
     return seen.lines
 
 
 def test_the_dashboard_renders_the_study_in_chromium(searched, tmp_path):
     work, study, _, _, _, _ = searched
     port = free_port()
-    server = subprocess.Popen([str(PY.parent / "cifarflow"), "dashboard", str(work / "results"),
+    server = subprocess.Popen([str(Path(PY).parent / "cifarflow"), "dashboard", str(work / "results"),
                                "--port", str(port)], stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True)
     try:
