@@ -12,6 +12,7 @@ include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/env.smk"
 include: "workflow/rules/train.smk"
+include: "workflow/rules/search.smk"
 include: "workflow/rules/aggregate.smk"
 
 

@@ -122,7 +122,18 @@ def cmd_aggregate(a) -> None:
 
     runs = json.loads(Path(a.runs).read_text())
     aggregate(runs, Path(a.out_dir), Path(a.plots_dir or Path(a.out_dir) / "plots"),
-              keep_missing=a.keep_missing, environment=Path(a.env) if a.env else None)
+              keep_missing=a.keep_missing, environment=Path(a.env) if a.env else None,
+              study=Path(a.study) if a.study else None)
+
+
+def cmd_dashboard(a) -> None:
+    from .results.study import journal_of, serve_dashboard
+
+    journal = Path(a.results) if Path(a.results).is_file() else journal_of(a.results)
+    if journal is None:
+        raise SystemExit(f"cifarflow dashboard: no study under {a.results} (sweep.search writes "
+                         f"{a.results}/search/study.journal)")
+    serve_dashboard(journal, a.host, a.port)
 
 
 def cmd_show(a) -> None:
@@ -239,7 +250,17 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--keep-missing", action="store_true")
     g.add_argument("--env", default=None, help="environment.json (record-env): the CPU's "
                    "features, for the bf16 advice")
+    g.add_argument("--study", default=None, help="the search's study journal (sweep.search): "
+                   "its history and parameter importances join the summary")
     g.set_defaults(func=cmd_aggregate)
+
+    d = sub.add_parser("dashboard", help="serve the search's study (sweep.search) with "
+                       "optuna-dashboard")
+    d.add_argument("results", nargs="?", default="results", help="the results directory (or "
+                   "the journal file itself)")
+    d.add_argument("--host", default="127.0.0.1")
+    d.add_argument("--port", type=int, default=8080)
+    d.set_defaults(func=cmd_dashboard)
 
     s = sub.add_parser("show", help="the results at a glance: run, strategy, test_acc, "
                        "images/s, wall, status and the advice's verdict, best first")

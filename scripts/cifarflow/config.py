@@ -92,8 +92,9 @@ def typed_like_schema(value, node: dict):
     ("0.1" in `--config 'sweep={"lr": [0.1, 0.2]}'`, "false" in a dict) turned into the
     number or boolean the schema asks for there; anything else as it was (validation then
     names it)."""
-    if isinstance(value, dict) and "properties" in node:
-        return {k: typed_like_schema(v, node["properties"].get(k, {})) for k, v in value.items()}
+    if isinstance(value, dict) and ("properties" in node or "patternProperties" in node
+                                    or isinstance(node.get("additionalProperties"), dict)):
+        return {k: typed_like_schema(v, sub_schema(node, k)) for k, v in value.items()}
     if isinstance(value, list) and isinstance(node.get("items"), dict):
         return [typed_like_schema(v, node["items"]) for v in value]
     for option in node.get("anyOf", []) + node.get("oneOf", []):
@@ -117,6 +118,20 @@ def typed_like_schema(value, node: dict):
         return int(number) if number.is_integer() and "." not in text and "e" not in text.lower() \
             else number
     return value
+
+
+def sub_schema(node: dict, key: str) -> dict:
+    """The schema of ``key`` in an object's schema: its property, a matching pattern's, or
+    the schema of any other property."""
+    import re
+
+    if key in node.get("properties", {}):
+        return node["properties"][key]
+    for pattern, sub in node.get("patternProperties", {}).items():
+        if re.search(pattern, key):
+            return sub
+    other = node.get("additionalProperties")
+    return other if isinstance(other, dict) else {}
 
 
 def with_defaults(config: dict) -> dict:

@@ -105,3 +105,15 @@ def pack_marker(results: str, pack: str, k: int) -> str:
 def segment_number(path) -> int | None:
     found = re.search(r"segment-(\d+)", str(path))
     return int(found.group(1)) if found else None
+
+
+# sweep.search: one Optuna study per strategy, all in one journal file (a shared filesystem
+# takes it: no database server); each round's trials as the controller asked them
+def study_journal(results: str) -> str:
+    return f"{results}/search/study.journal"
+
+
+def round_record(results: str, study: str, r) -> str:
+    """Round r's trials of a study (written last by the job that told round r-1 and asked
+    round r); round rounds+1's record says the last round was told."""
+    return f"{results}/search/{study}/round-{r}.json"

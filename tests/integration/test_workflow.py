@@ -331,6 +331,19 @@ class VisibleText(HTMLParser):
             self.lines.append(" ".join(data.split()))
 
 
+def chromium_dom(url: str, profile) -> str:
+    """The DOM of a page as headless Chromium rendered it (its scripts run)."""
+    chromium = next((c for c in ("chromium", "chromium-browser") if
+                     subprocess.run(["which", c], capture_output=True).returncode == 0), None)
+    assert chromium, "install Debian's chromium (make debian-packages does)"
+    browser = [chromium, "--headless", "--no-sandbox", "--disable-gpu",
+               "--disable-background-networking", "--disable-component-update",
+               "--no-first-run", f"--user-data-dir={profile}",
+               "--virtual-time-budget=10000", "--window-size=1280,900"]
+    return subprocess.run([*browser, "--dump-dom", url], capture_output=True, text=True,
+                          timeout=120).stdout
+
+
 def test_report_renders_in_chromium(sweep_run, tmp_path):
     """The report, opened in headless Chromium, shows its navigation (the result categories)
     and the workflow's description filled in from the config, and no longer its loading
@@ -339,17 +352,8 @@ def test_report_renders_in_chromium(sweep_run, tmp_path):
               configfile=CONFIGS / "sweep" / "config.yaml")
     report = sweep_run / "results/report.html"
     assert report.stat().st_size > 10_000
-    chromium = next((c for c in ("chromium", "chromium-browser") if
-                     subprocess.run(["which", c], capture_output=True).returncode == 0), None)
-    assert chromium, "install Debian's chromium (make debian-packages does)"
-    browser = [chromium, "--headless", "--no-sandbox", "--disable-gpu",
-               "--disable-background-networking", "--disable-component-update",
-               "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}",
-               "--virtual-time-budget=10000", "--window-size=1280,900"]
-    dom = subprocess.run([*browser, "--dump-dom", f"file://{report}"], capture_output=True,
-                         text=True, timeout=120).stdout
     seen = VisibleText()
-    seen.feed(dom)
+    seen.feed(chromium_dom(f"file://{report}", tmp_path / "profile"))
     text = "\n".join(seen.lines)
     assert "Please enable Javascript" not in text and "Loading Snakemake Report" not in text
     lines = seen.lines

@@ -72,7 +72,7 @@ def test_chain_gives_each_pack_segment_the_members_that_need_it(tmp_path):
         chain.members("cpu-pack001", 2)  # the ranking is not known yet
     for i, run in enumerate(names):
         have[(run, 1)] = write_segment(tmp_path, run, 1, False, test_acc=i / 10)
-    assert chain.alive_after("cpu", 1) == (names[3], names[2])
+    assert chain.alive_after(("cpu", 0), 1) == (names[3], names[2])
     assert chain.members("cpu-pack001", 2) == [] and chain.members("cpu-pack002", 2) == names[2:]
     assert chain.known_pruned_at(names[0]) == 1 and chain.known_pruned_at(names[3]) is None
     for run in names[2:]:

@@ -10,6 +10,7 @@ rule aggregate_results:
     input:
         **get_final_metrics(),
         env=rules.record_environment.output.info,
+        studies=get_study_records(),
     output:
         summary=report(
             f"{RESULTS}/summary.csv", category="Summary", caption="../report/summary.rst"
@@ -29,11 +30,12 @@ rule aggregate_results:
     params:
         cifarflow=PLAN.cifarflow,
         out_dir=lambda wildcards, output: Path(output.summary).parent,
+        study=PLAN.study_args(),
     run:
         PLAN.write_runs_file(input, output.runs)
         shell(
             "{params.cifarflow} aggregate --runs {output.runs} --out-dir {params.out_dir}"
-            " --plots-dir {output.plots} --env {input.env} > {log} 2>&1"
+            " --plots-dir {output.plots} --env {input.env} {params.study} > {log} 2>&1"
         )
 
 

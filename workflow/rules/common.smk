@@ -23,7 +23,7 @@ from cifarflow.controller.workflow import (
 )  # noqa: E402
 from cifarflow.job.job_env import put_engine_first  # noqa: E402
 from cifarflow.jobfacts import keep_slurm_job_values  # noqa: E402
-from cifarflow.layout import RunPaths, attempt_log_sink, pack_marker  # noqa: E402
+from cifarflow.layout import RunPaths, attempt_log_sink, pack_marker, round_record  # noqa: E402
 
 put_engine_first(SCRIPTS)
 keep_slurm_job_values()
@@ -49,6 +49,7 @@ if workflow.is_main_process:  # not in every job: specs, the user's models (torc
 RESULTS = PLAN.results
 RUN = RunPaths(RESULTS, "{run}")  # a run's files, as wildcard patterns
 KEEP_ATTEMPT_LOG = attempt_log_sink()  # every try of a segment keeps its own log, once
+ROUND_RECORD = round_record(RESULTS, "{study}", "{round}")  # a search round, as asked
 
 
 def get_previous_segment(wildcards):
@@ -97,3 +98,19 @@ def get_pack_command(strategy):
 
 def get_final_metrics():
     return PLAN.final_metrics()
+
+
+def get_round_inputs():
+    return PLAN.round_inputs()
+
+
+def get_study_pattern():
+    return PLAN.study_pattern()
+
+
+def get_search_setting(key):
+    return PLAN.search_setting(key)
+
+
+def get_study_records():
+    return PLAN.study_records()

@@ -26,17 +26,31 @@ class Chain:
         self.points = sorted(prune["at_segments"]) if prune else []
         self.alive_after = functools.cache(self._alive_after)  # fixed once computable
 
-    def runs_of(self, strategy: str) -> list[str]:
-        return [name for name, run in self.runs.items() if run.strategy == strategy]
+    def group(self, run: str) -> tuple:
+        """The runs ranked together at a pruning point: a strategy's (a search's: of one
+        round, whose trials train together)."""
+        return self.runs[run].strategy, self.runs[run].round
+
+    def runs_of(self, group: tuple) -> list[str]:
+        return [name for name in self.runs if self.group(name) == group]
+
+    def add_packs(self, packs: dict, replace: set) -> None:
+        """A search round's packs, once its trials are known (replacing the provisional ones
+        of its placeholders, ``replace``)."""
+        for name in replace:
+            del self.packs[name]
+        self.packs.update(packs)
+        self.pack_of = {m: p.name for p in self.packs.values() for m in p.members}
 
     def last_epoch(self, segment: str, metric: str):
         history = read_metrics(Path(segment))
         return history[-1].get(metric) if history else None
 
-    def _alive_after(self, strategy: str, point: int) -> tuple:
-        """Runs of a strategy that go on after segment `point`: successive halving at each
-        pruning point up to it, a barrier across the runs still alive there."""
-        alive = self.runs_of(strategy)
+    def _alive_after(self, group: tuple, point: int) -> tuple:
+        """Runs of a group (a strategy, or a search round of one) that go on after segment
+        `point`: successive halving at each pruning point up to it, a barrier across the
+        runs still alive there."""
+        alive = self.runs_of(group)
         for p in (k for k in self.points if k <= point):
             metric = self.prune["metric"]
             scores = {run: self.last_epoch(self.segment_of(run, p), metric) for run in alive}
@@ -48,7 +62,7 @@ class Chain:
         """The segment after which the run was pruned, or None."""
         for point in self.points:
             self.segment_of(run, point)  # its own first, so all alive runs train it at once
-            if run not in self.alive_after(self.runs[run].strategy, point):
+            if run not in self.alive_after(self.group(run), point):
                 return point
         return None
 
@@ -80,7 +94,7 @@ class Chain:
         """Whether segment k of the run is trained: not after the run was pruned, and past
         the planned segments only while the one before stopped early. Asked of a pack's
         segment once the DAG holds it, when what it needs to know has run."""
-        if any(p < k and run not in self.alive_after(self.runs[run].strategy, p)
+        if any(p < k and run not in self.alive_after(self.group(run), p)
                for p in self.points):
             return False
         if k <= len(self.runs[run].segment_epochs):

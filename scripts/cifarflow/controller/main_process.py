@@ -40,6 +40,7 @@ class MainProcess:
         jobs pending forever while ``on_slurm()`` (it submits to Slurm, for real) and say
         how far the plan got while ``training()`` (not a dry run)."""
         environ[INVOCATION] = f"{time.time():.0f}.{os.getpid()}"
+        self.main_process = True  # a later search round's specs are written here too
         from .snakemake_fixes import keep_restarted_jobs_ready
 
         keep_restarted_jobs_ready()  # retried segments are not lost when a checkpoint finishes
@@ -92,13 +93,15 @@ class MainProcess:
                 f"{record['source']} in config/config.yaml (as when it was fetched); to replace "
                 f"it on purpose, remove {self.data_dir} first")
 
-    def write_specs(self) -> None:
+    def write_specs(self, runs=None) -> None:
         """The run's typed config, handed to every segment as one file (spec.json), written
         where Snakemake plans, and only when it changed: its time stamp says when the run's
         config last changed (a job per run would cost one Snakemake start each), so the
         finished segments are trained again. But a new world size under segments.elastic
         keeps the time stamp: the finished segments stand and the next resumes from them."""
-        for run in self.runs.values():
+        for run in self.runs.values() if runs is None else runs:
+            if not run.sampled:
+                continue  # a later search round's trial: written once its round is asked
             spec = Path(RunPaths(self.results, run.name).spec)
             old = spec.read_text() if spec.is_file() else None
             if old == run.config.to_json():
@@ -137,6 +140,7 @@ class MainProcess:
                    "and segment" if self.unpacked else "") + self.describe_sharing())
         if self.config["pack"]["fuse"] and self.packs:
             self.log.info(describe_fusion(self.runs, self.packs))
+        self.describe_search()
         self.log.info(storage.describe(self.runs.values(), self.config["segments"]["keep_weights"]))
 
     def check_local_gpus(self, count_gpus=visible_gpus, environ=os.environ) -> None:

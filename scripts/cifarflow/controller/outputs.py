@@ -16,6 +16,7 @@ class Outputs:
     def segment_output(self, run: str, k: int) -> str:
         """Segment k of a run, once its job (its own, or its pack's) ran: until then the
         checkpoint's "not run yet" exception, which schedules that job."""
+        self.round_gate(run)  # a search's trial: once its round was asked
         train_rule = getattr(self.checkpoints, f"train_{self.runs[run].strategy}")
         if run in self.chain.pack_of:
             train_rule.get(pack=self.chain.pack_of[run], segment=k)
@@ -58,6 +59,7 @@ class Outputs:
                 "segments": segment_number(metrics.get(name, "")),
                 "metrics": metrics.get(name),
                 "pruned_at": self.chain.known_pruned_at(name),
+                "search_round": run.round or None,
                 "planned_segments": len(run.segment_epochs),
                 "logs": RunPaths(self.results, name).logs,
                 "data": data if data and data.get("data_id") == run.config.data_id else None,

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from ..config import TrainConfig, data_identity, resolve_augment
 from .prune import check_prune
+from .search import Search
 from .sizing import Policy
 from ..engine.strategies import Strategy, get_strategy, registered
 
@@ -79,6 +80,8 @@ class Run:
     threads: int = 1             # cores the local scheduler reserves
     policy: Policy | None = None  # how a segment's request is sized (autosize, retries)
     segment_epochs: list = field(default_factory=list)  # target epoch of segment k (1-based)
+    round: int = 0               # sweep.search: its round (1..rounds); 0: a grid run
+    sampled: bool = True         # False: a later TPE round's trial, not asked yet
 
     @property
     def spec(self) -> dict:
@@ -114,13 +117,14 @@ def sweep_combos(cls: type[Strategy], sweep: dict) -> list[dict]:
     return [dict(zip(keys, combo)) for combo in itertools.product(*values)]
 
 
-def plan_run(strategy: str, config: dict, swept: dict) -> Run:
-    """One run of a schema-complete config (snakemake's validate, or ``with_defaults``)."""
+def plan_run(strategy: str, config: dict, swept: dict, name: str | None = None) -> Run:
+    """One run of a schema-complete config (snakemake's validate, or ``with_defaults``);
+    a grid run is named from its values, a search's trial is given its name."""
     cls = get_strategy(strategy)
     sections = {name: dict(config[name]) for name in config_sections()}
     for key, value in swept.items():
         sections[sweep_keys()[key][1]][key] = value
-    name = "_".join([strategy] + [_label(k, v) for k, v in swept.items()])
+    name = name or "_".join([strategy] + [_label(k, v) for k, v in swept.items()])
     train, res = sections["train"], sections["resources"]
     if train["loader"] == "torchvision" and not train["num_workers"]:
         train["num_workers"] = int(res["cpus_per_task"])  # the seed: workers = cpus
@@ -182,15 +186,15 @@ def build_packs(runs: dict[str, Run], runs_per_job: int, fuse: str = "",
         if packable(run.strategy_class):
             fused = bool(fuse) and fusable(run)
             shape = tuple(repr(getattr(run.config, key)) for key in FUSE_KEYS) if fused else ()
-            key = (run.strategy, repr(sorted(run.resources.items())), tuple(run.segment_epochs),
-                   fused, shape)
+            key = (run.strategy, run.round, repr(sorted(run.resources.items())),
+                   tuple(run.segment_epochs), fused, shape)
             groups.setdefault(key, []).append(run)
     packs, count = {}, {}
-    for (strategy, _, _, fused, _), members in groups.items():
+    for (strategy, r, _, _, fused, _), members in groups.items():
         for i in range(0, len(members), runs_per_job):
             chunk = members[i:i + runs_per_job]
-            n = count[strategy] = count.get(strategy, 0) + 1
-            name = f"{strategy}-pack{n:03d}"
+            n = count[strategy, r] = count.get((strategy, r), 0) + 1
+            name = f"{strategy}-r{r}-pack{n:03d}" if r else f"{strategy}-pack{n:03d}"
             packs[name] = Pack(name, strategy, [r.name for r in chunk], dict(chunk[0].resources),
                                list(chunk[0].segment_epochs), fuse=fuse if fused else "",
                                member_share_mb=member_share_mb if fused else 0)
@@ -242,8 +246,12 @@ def build_runs(config: dict) -> dict[str, Run]:
         raise ValueError(f"unknown strateg{'y' if len(unknown) == 1 else 'ies'} "
                          f"{', '.join(map(repr, unknown))}; known: {', '.join(sorted(registered()))}")
     sweep = dict(config.get("sweep") or {})
-    check_prune(sweep.pop("prune", None),
+    check_prune(sweep.get("prune"),
                 min(int(config["segments"]["count"]), int(config["train"]["epochs"])))
+    search = Search.from_sweep(sweep, sweep_item_schemas())
+    if search:
+        return search_runs(config, search)
+    sweep.pop("prune", None)
     unknown = sorted(set(sweep) - set(sweep_keys()))
     if unknown:
         raise ValueError(f"sweep: unknown key(s) {unknown}; sweepable: {sorted(sweep_keys())}")
@@ -255,6 +263,46 @@ def build_runs(config: dict) -> dict[str, Run]:
     if not runs:
         raise ValueError("no runs: 'strategies' is empty")
     return runs
+
+
+def sweep_item_schemas() -> dict:
+    """The schema of one value of each list a sweep crosses (what a search may sample)."""
+    from ..config import schema
+
+    props = schema()["properties"]["sweep"]["properties"]
+    return {key: node["items"] for key, node in props.items() if "items" in node}
+
+
+def search_runs(config: dict, search: Search) -> dict[str, Run]:
+    """The trials of a search, every round of every strategy, in (strategy, round, index)
+    order: sampled where known (the config alone, or the round's record once asked),
+    else placeholders of the base config until their round is asked."""
+    from ..layout import round_record
+    from .search import read_record
+
+    runs: dict[str, Run] = {}
+    for strategy in config["strategies"]:
+        for r in range(1, search.rounds + 1):
+            record = read_record(round_record(config["results"], search.study_name(strategy), r))
+            values = search_round_values(search, strategy, r, record)
+            for i in range(search.samples):
+                name = search.trial_name(strategy, r, i)
+                run = plan_run(strategy, config, values[i] if values else {}, name=name)
+                run.round, run.sampled = r, values is not None
+                runs[name] = run
+    return runs
+
+
+def search_round_values(search: Search, strategy: str, r: int,
+                        record: dict | None) -> list[dict] | None:
+    """Round r's values: its record's where it was asked (a job's plan reads them, nothing
+    is sampled again), else the config's own (search.planned), else None (a TPE round not
+    asked yet)."""
+    if record:
+        names = [search.trial_name(strategy, r, i) for i in range(search.samples)]
+        if all(n in record["trials"] for n in names):
+            return [record["trials"][n]["params"] for n in names]
+    return search.planned(r) if search.predetermined(r) else None
 
 
 def check_user_models(runs) -> None:

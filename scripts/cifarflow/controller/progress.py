@@ -82,7 +82,7 @@ class PlanProgress:
         run = self.runs[name]
         for point in (p for p in self.chain.points if p < len(run.segment_epochs)):
             try:
-                if name not in self.chain.alive_after(run.strategy, point):
+                if name not in self.chain.alive_after(self.chain.group(name), point):
                     return False  # cut there
             except NotPublished:
                 return True

@@ -25,8 +25,11 @@ from ..layout import try_args
 from .chain import Chain
 from .main_process import MainProcess
 from .outputs import Outputs
-from .plan import Pack, PlanError, Run, build_packs, build_runs, fuse_mode, share_gpus
+from .plan import (Pack, PlanError, Run, build_packs, build_runs, fuse_mode, share_gpus,
+                   sweep_item_schemas)
+from .rounds import SearchRounds
 from .rules import SegmentRules
+from .search import Search
 from .software import JobSoftware, installed_command
 
 
@@ -50,11 +53,11 @@ def name_pattern(strategies) -> str:
 
 
 def pack_name_pattern(strategy: str) -> str:
-    """The names build_packs gives a strategy's packs."""
-    return f"{re.escape(strategy)}-pack\\d+"
+    """The names build_packs gives a strategy's packs (a search's: per round)."""
+    return f"{re.escape(strategy)}-(r\\d+-)?pack\\d+"
 
 
-class WorkflowPlan(MainProcess, JobSoftware, SegmentRules, Outputs):
+class WorkflowPlan(MainProcess, JobSoftware, SegmentRules, Outputs, SearchRounds):
     """Everything the rules ask of the config, computed once per Snakemake process."""
 
     # the segment job's command line, a Snakemake shell template: the request comes from
@@ -92,6 +95,7 @@ class WorkflowPlan(MainProcess, JobSoftware, SegmentRules, Outputs):
         self.chain = Chain(runs, packs, self.prune, self.max_segments, self.segment_output,
                            pending)
         self.sizing_logged: set = set()
+        self.init_search(Search.from_sweep(config["sweep"], sweep_item_schemas()))
 
     @classmethod
     def from_config(cls, config: dict, basedir, **kw) -> "WorkflowPlan":

@@ -11,11 +11,12 @@ from ..files import read_jsonl
 from ..job.tries import ended_states
 from .advice import advice, advice_per_run
 from .plots import plot_all
+from .study import describe, load_studies, plot_study, trial_columns
 from .table import COLUMNS, FINISHED, scaling_table, summarize_run
 
 
 def aggregate(runs: dict, out_dir: Path, plots_dir: Path, keep_missing: bool = False,
-              environment: Path | None = None) -> None:
+              environment: Path | None = None, study: Path | None = None) -> None:
     import pandas as pd
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -27,6 +28,10 @@ def aggregate(runs: dict, out_dir: Path, plots_dir: Path, keep_missing: bool = F
     if bad and not keep_missing:
         raise ValueError(f"runs without complete metrics: {bad} (use --keep-going to "
                          "summarise what finished)")
+    if study is not None:  # sweep.search: each trial's study, number, round and state
+        trials = trial_columns(study)
+        for row in rows:
+            row.update(trials.get(row["run"], {}))
     df = pd.DataFrame(rows)
     extra = [c for c in df.columns if c not in COLUMNS]
     df = df.reindex(columns=COLUMNS + extra)
@@ -41,6 +46,11 @@ def aggregate(runs: dict, out_dir: Path, plots_dir: Path, keep_missing: bool = F
     lines = ["# Advice", ""] + [f"- {t}" for t in tips]
     if not scaling.empty:
         lines += ["", "## Scaling", "", scaling.to_markdown(index=False, floatfmt=".2f")]
+    if study is not None:  # the study's best trials, importances and history (Optuna's own)
+        lines += ["", "## Search", ""]
+        for one in load_studies(study):
+            lines += describe(one)
+            lines += [f"![{p.stem}](plots/{p.name})" for p in plot_study(one, plots_dir)] + [""]
     (out_dir / "advice.md").write_text("\n".join(lines) + "\n")
     print(df[["run", "images_per_sec", "test_acc", "train_loss", "status"]].to_string(index=False))
     print("\n".join(tips))

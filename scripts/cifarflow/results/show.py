@@ -9,6 +9,8 @@ import shutil
 import textwrap
 from pathlib import Path
 
+from .study import journal_of
+
 # (header, summary.csv column, format); the advice's verdict for the run comes last
 COLUMNS = [("run", "run", str), ("strategy", "strategy", str),
            ("test_acc", "test_acc", lambda v: f"{v:.3f}"),
@@ -118,6 +120,13 @@ def show(results: Path, top: int = 20, width: int | None = None) -> str:
                                                subsequent_indent="  ")]
         if len(tips) > GENERAL_TIPS:
             lines.append(f"- ... {len(tips) - GENERAL_TIPS} more in {advice}")
+    journal = journal_of(folder)
+    if journal is not None:  # sweep.search: each study's best trials and their parameters
+        from .study import describe, load_studies
+
+        for study in load_studies(journal):
+            lines += [""] + [line.lstrip("# ") for line in describe(study, n=3) if line]
+        lines.append(f"study:  {journal} (cifarflow dashboard {folder})")
     plots = sorted(p.name for p in (folder / "plots").glob("*.png"))
     lines += ["", f"full table ({columns} columns): {path}"]
     if plots:
