@@ -7,7 +7,7 @@ DEV_STAMP := $(VENV)/.installed-dev
 DEB_PACKAGES := slurmctld slurmd slurm-client munge iproute2 chromium
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run test test-fast lint debian-packages dry-run bench tensorboard slurm-up slurm-down clean
+.PHONY: run test test-fast lint debian-packages dry-run bench gpu-check tensorboard slurm-up slurm-down clean
 
 # requirements.txt at the exact versions of constraints.txt, then this project itself: the
 # `cifarflow` command the rules call
@@ -50,6 +50,10 @@ test-fast: $(DEV_STAMP)  ## the edit-test loop (< 10 min): tests/unit and tests/
 
 bench: $(STAMP)
 	$(PY) bench/bench.py
+
+GPU_PYTHON ?= python3
+gpu-check:  ## on a GPU machine with torch + CUDA (no venv, no snakemake): the gpu tests, then the figures (bench/gpu_check.py)
+	$(GPU_PYTHON) bench/gpu_check.py
 
 tensorboard: $(STAMP)  ## TensorBoard over every run's curves (results/tensorboard/<run>)
 	$(VENV)/bin/tensorboard --logdir results/tensorboard

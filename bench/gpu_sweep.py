@@ -11,9 +11,12 @@ context, cuDNN autotuning); for one at a time it is the mean of the runs' figure
 
     python bench/gpu_sweep.py                 # CUDA: 50,000 images, lenet bs 512 + resnet18
     python bench/gpu_sweep.py --small         # CPU-sized: 4,000 images, K up to 8
-    python bench/gpu_sweep.py --cases alone fused:8 fused:16 mps:4
+    python bench/gpu_sweep.py --cases alone fused:8 fused-own:16 mps:4
 
-Figures go to bench/out/gpu_sweep.json and are printed as a table (bench/README.md).
+A case is ``[model/]kind[:count]``: alone, mps:M, fused:K (one shared batch: the members
+differ in lr only), fused-own:K (each member gathers its own batch), fused-vmap:K,
+fused-loop:K. Each case runs in its own processes: a failure is recorded with its error and
+the others go on; bench/out/gpu_sweep.json and .md are rewritten after every case.
 One run's step against a hand-written loop on the same device: bench/gpu_step.py.
 """
 
@@ -39,8 +42,8 @@ from cifarflow.controller.plan import build_runs  # noqa: E402
 OUT = ROOT / "bench" / "out" / "gpu_sweep"
 ENV = {**os.environ, "PYTHONPATH": str(ROOT / "scripts"), "PYTHONUNBUFFERED": "1"}
 FULL = ["alone", "mps:4", "mps:8", "fused:8", "fused:16", "fused:32", "fused:64",
-        "resnet18/alone", "resnet18/fused:4", "resnet18/fused:8"]
-SMALL = ["alone", "mps:2", "fused:2", "fused:4", "fused:8", "fused-vmap:4"]
+        "fused-own:16", "fused-own:64", "resnet18/alone", "resnet18/fused:4", "resnet18/fused:8"]
+SMALL = ["alone", "mps:2", "fused:2", "fused:4", "fused:8", "fused-own:4", "fused-vmap:4"]
 
 
 def dataset(size: int) -> Path:
@@ -99,7 +102,7 @@ def run_case(case: str, device: str, batches: Path, args) -> dict:
     if kind == "alone":
         for run in runs:
             subprocess.run(train_argv(results, batches, run, args.threads), env=ENV, check=True,
-                           stdout=subprocess.DEVNULL)
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         images_per_sec = statistics.mean(steady(results, run) for run in runs)
     elif kind == "mps":
         lines = [" ".join(train_argv(results, batches, run, max(1, args.threads // count)))
@@ -110,13 +113,17 @@ def run_case(case: str, device: str, batches: Path, args) -> dict:
         subprocess.run(prefix + ["bash", "-c", script], env=ENV, check=True)
         images_per_sec = sum(steady(results, run) for run in runs)
     else:
-        mode = kind.partition("-")[2] or "auto"
+        options = kind.split("-")[1:]
+        mode = next((o for o in options if o in ("vmap", "loop")), "auto")
         status = results / "status.json"
         subprocess.run([sys.executable, "-m", "cifarflow", "train-fused", "--pack", case,
                         "--segment", "1", "--results", str(results), "--data", str(batches),
                         "--until-epoch", str(args.epochs), "--threads", str(args.threads),
-                        "--mode", mode, "--status", str(status), "--members", *runs],
-                       env=ENV, check=True, stdout=subprocess.DEVNULL)
+                        "--mode", mode, "--status", str(status),
+                        *(["--no-shared-input"] if "own" in options else []),
+                        "--members", *runs],
+                       env=ENV, check=True, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.PIPE, text=True)
         failed = {r: s for r, s in json.loads(status.read_text()).items() if s["exit"]}
         if failed:
             raise SystemExit(f"{case}: members failed: {failed}")
@@ -143,24 +150,42 @@ def main() -> None:
     args.batch_size = {"lenet": 512 if not args.small else 200, "resnet18": 128 if not args.small else 32}
     cases = args.cases or (SMALL if args.small else FULL)
     batches = dataset(args.images)
+    header = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+              "torch": torch.__version__, "threads": args.threads, "images": args.images,
+              "epochs": args.epochs, "deterministic": args.deterministic}
     figures = []
     for case in cases:
-        figures.append(run_case(case, device, batches, args))
-        print(f"{case:20s} {figures[-1]['images_per_sec']:>12,} img/s  ({figures[-1]['wall_s']} s)",
-              flush=True)
-    alone = {f["model"]: f["images_per_sec"] for f in figures if f["kind"] == "alone"}
+        try:
+            figures.append(run_case(case, device, batches, args))
+            print(f"{case:20s} {figures[-1]['images_per_sec']:>12,} img/s  "
+                  f"({figures[-1]['wall_s']} s)", flush=True)
+        except (subprocess.CalledProcessError, SystemExit, Exception) as exc:  # noqa: BLE001
+            error = getattr(exc, "stderr", None) or str(exc)
+            figures.append({"case": case, "error": error.strip().splitlines()[-1][:300]
+                            if error.strip() else type(exc).__name__})
+            print(f"{case:20s} FAILED: {figures[-1]['error']}", flush=True)
+        write(header, figures)
+
+
+def write(header: dict, figures: list[dict]) -> None:
+    """bench/out/gpu_sweep.json and .md as the cases so far left them."""
+    alone = {f["model"]: f["images_per_sec"] for f in figures if f.get("kind") == "alone"}
     for f in figures:
-        if f["model"] in alone:
+        if f.get("model") in alone and "images_per_sec" in f:
             f["vs_alone"] = round(f["images_per_sec"] / alone[f["model"]], 2)
     OUT.mkdir(parents=True, exist_ok=True)
-    result = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
-              "torch": torch.__version__, "threads": args.threads, "images": args.images,
-              "epochs": args.epochs, "deterministic": args.deterministic, "figures": figures}
-    (OUT.parent / "gpu_sweep.json").write_text(json.dumps(result, indent=1) + "\n")
-    print("\n| case | runs at once | images/s | vs one at a time |\n| --- | --- | --- | --- |")
+    (OUT.parent / "gpu_sweep.json").write_text(json.dumps({**header, "figures": figures},
+                                                          indent=1) + "\n")
+    lines = [f"# {header['device']}, torch {header['torch']}, {header['images']} images, "
+             f"{header['epochs']} epochs", "",
+             "| case | runs at once | images/s | vs one at a time |", "| --- | --- | --- | --- |"]
     for f in figures:
-        print(f"| {f['case']} | {f['runs_at_once']} | {f['images_per_sec']:,} | "
-              f"{f.get('vs_alone', '')}x |")
+        if "error" in f:
+            lines.append(f"| {f['case']} | | FAILED: {f['error']} | |")
+        else:
+            lines.append(f"| {f['case']} | {f['runs_at_once']} | {f['images_per_sec']:,} | "
+                         f"{f.get('vs_alone', '')}x |")
+    (OUT.parent / "gpu_sweep.md").write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

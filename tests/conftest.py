@@ -32,6 +32,7 @@ SYNTHETIC = {"train_size": 2000, "test_size": 400}  # the cifar_dir fixture's da
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slurm: needs the local Slurm cluster (tests/slurm/cluster.sh)")
+    config.addinivalue_line("markers", "gpu: needs a CUDA GPU (tests/gpu; make gpu-check)")
     config.addinivalue_line("markers", "slow: a whole workflow run of a quarter of a minute or "
                             "more, or a costlier variant of what a faster test proves (make "
                             "test runs it, make test-fast does not)")

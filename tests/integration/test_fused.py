@@ -38,12 +38,12 @@ MODELS = {**ENV, "PYTHONPATH": f"{ENV['PYTHONPATH']}:{ROOT / 'tests' / 'integrat
 BN_MODEL = "fused_models:small_bn_net"  # tests/integration/fused_models.py
 
 
-def plan(results: Path, sweep: dict, **train) -> list[str]:
+def plan(results: Path, sweep: dict, tta: str = "none", **train) -> list[str]:
     """The sweep's runs planned as the workflow plans them, their specs written."""
     config = with_defaults({"strategies": ["cpu"], "data": {"synthetic": SYNTHETIC},
                             "train": {"epochs": 2, "batch_size": 100, "eval_batch_size": 400,
                                       "log_interval_s": 1000, **train},
-                            "sweep": sweep})
+                            "eval": {"tta": tta}, "sweep": sweep})
     runs = build_runs(config)
     for name, run in runs.items():
         run.config.write(RunPaths(str(results), name).spec)
@@ -52,12 +52,15 @@ def plan(results: Path, sweep: dict, **train) -> list[str]:
 
 def train_fused(results: Path, data: Path, runs: list[str], k: int = 1, until: int = 2,
                 mode: str = "loop", budget_min: float = 60, check: bool = True,
-                shared: bool = True) -> dict:
+                shared: bool = True, said: list | None = None) -> dict:
+    """The members' status; what the process said is appended to ``said``."""
     status = results / f"status-{k}.json"
-    cli("train-fused", "--pack", "p", "--segment", k, "--results", results, "--data", data,
+    out = cli("train-fused", "--pack", "p", "--segment", k, "--results", results, "--data", data,
         "--until-epoch", until, "--threads", 2, "--budget-min", budget_min, "--mode", mode,
         "--status", status, *([] if shared else ["--no-shared-input"]), "--members", *runs,
         env=MODELS, check=check)
+    if said is not None:
+        said.append(out.stdout + out.stderr)
     return json.loads(status.read_text())
 
 
@@ -132,6 +135,7 @@ def test_members_train_as_alone_each_with_its_own_hyperparameters(tmp_path, cifa
     assert max((decayed[k] - plain[k]).abs().max() for k in plain) > 1e-5
 
 
+@pytest.mark.slow  # 8 fused trainings: about 40 s
 def test_shared_input_on_and_off_gives_the_same_weights(tmp_path, cifar_dir):
     """Members with one seed share one gathered batch (the pack log says so); gathering each
     member's own copy instead gives the same weights: bit for bit in loop fusion, within
@@ -149,6 +153,36 @@ def test_shared_input_on_and_off_gives_the_same_weights(tmp_path, cifar_dir):
     for run in runs:
         assert_bit_identical(states["loop", True][run], states["loop", False][run])
         assert_close(states["vmap", True][run], states["vmap", False][run], f"{run} vmap")
+
+
+def test_augmented_members_with_label_smoothing_and_tta_train_as_alone(tmp_path, cifar_dir):
+    """train.augment (flip, crop), label smoothing and test-time flip in fused groups, in two
+    segments: members of one seed (one shared batch, augmented once) and of two seeds (each
+    member its own draws, applied in one go) end bit for bit as each alone in one segment,
+    test_acc_tta included."""
+    sweep = {"lr": [0.03, 0.06], "seed": [0, 5]}
+    train = dict(augment={"flip": True, "crop": 2}, label_smoothing=0.1, tta="flip")
+    runs = plan(tmp_path / "alone", sweep, **train)
+    one_seed = [run for run in runs if "seed0" in run]
+    assert len(one_seed) == 2 and len(runs) == 4
+    said = {}
+    for name, members in (("shared", one_seed), ("own", runs)):
+        plan(tmp_path / name, sweep, **train)
+        said[name] = []
+        train_fused(tmp_path / name, cifar_dir, members, k=1, until=1, said=said[name])
+        train_fused(tmp_path / name, cifar_dir, members, k=2, until=2, said=said[name])
+    assert "one batch shared by all members (same order)" in said["shared"][0]
+    assert "each member its own batch order (seeds differ)" in said["own"][0]
+    for run in runs:
+        train_alone(tmp_path / "alone", cifar_dir, run, k=1, until=2)
+        alone = state_of(segment(tmp_path / "alone", run, 1))["model"]
+        am = metrics_of(segment(tmp_path / "alone", run, 1))
+        assert all(0 <= r["test_acc_tta"] <= 1 for r in am)
+        for name in ("shared", "own") if run in one_seed else ("own",):
+            assert_bit_identical(state_of(segment(tmp_path / name, run, 2))["model"], alone)
+            fm = metrics_of(segment(tmp_path / name, run, 2))
+            assert [(r["train_loss"], r["test_acc"], r["test_acc_tta"]) for r in fm] == \
+                [(r["train_loss"], r["test_acc"], r["test_acc_tta"]) for r in am], (name, run)
 
 
 @pytest.mark.slow
@@ -225,6 +259,28 @@ def test_fused_segments_are_bit_identical_to_one_segment(tmp_path, cifar_dir):
             assert_same_optimizer_state(state["optimizer"]["state"], one["optimizer"]["state"])
             assert [r["train_loss"] for r in metrics_of(segment(tmp_path / other, run, last))] \
                 == [r["train_loss"] for r in metrics_of(segment(tmp_path / "one", run, 1))]
+
+
+def test_members_resuming_at_different_points_train_as_one_group_per_point(tmp_path, cifar_dir):
+    """Segment 2 of a fused pack whose members ended segment 1 at different points (A
+    stopped inside epoch 1 at its in-segment save, B at the end of epoch 1): the process
+    says so, trains one group per point, one after the other, and each member ends bit
+    for bit as itself trained alone in one go."""
+    first, second = plan(tmp_path / "fused", {"lr": [0.03, 0.06]}, checkpoint_interval_s=0.001)
+    plan(tmp_path / "alone", {"lr": [0.03, 0.06]})
+    train_fused(tmp_path / "fused", cifar_dir, [second], k=1, until=1)
+    stopped_inside_an_epoch(tmp_path / "fused", cifar_dir, [first])
+    said = []
+    status = train_fused(tmp_path / "fused", cifar_dir, [first, second], k=2, until=2,
+                         said=said)
+    assert "members resume at 2 different points" in said[0], said[0]
+    assert said[0].count("fused group of 1 (loop)") == 2
+    assert {run: (s["done"], s["epoch"]) for run, s in status.items()} == {
+        first: (True, 2), second: (True, 2)}
+    for run in (first, second):
+        train_alone(tmp_path / "alone", cifar_dir, run, k=1, until=2)
+        assert_bit_identical(state_of(segment(tmp_path / "fused", run, 2))["model"],
+                             state_of(segment(tmp_path / "alone", run, 1))["model"])
 
 
 @pytest.mark.slow

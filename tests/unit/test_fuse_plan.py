@@ -39,21 +39,25 @@ def test_runs_that_cannot_fuse_go_to_plain_packs_and_the_line_says_so():
     packs = build_packs(runs, 8, fuse="vmap")
     kinds = sorted((p.fuse, len(p.members)) for p in packs.values())
     assert kinds == [("", 2), ("", 2), ("vmap", 2), ("vmap", 2)]
-    assert ("4 run(s) that cannot fuse (loader torchvision, or train.augment, label_smoothing "
-            "or eval.tta on) in 2 plain pack(s)") in \
+    assert "4 run(s) that cannot fuse (loader torchvision) in 2 plain pack(s)" in \
         describe_fusion(runs, packs)
 
 
-def test_runs_with_augmentation_smoothing_or_tta_go_to_plain_packs_until_fusion_has_them():
-    """resnet18's auto augmentation, lenet with label smoothing: plain packs, never a fused
-    group that would train them without (its batches and step do not apply them yet)."""
-    runs = runs_of({"lr": [0.01, 0.02], "model": ["lenet", "resnet18"]}, label_smoothing=0.0)
+def test_runs_fuse_apart_by_augmentation_smoothing_and_tta():
+    """A fused group's batches, loss and evaluation are one for all its members: resnet18
+    (flip + crop 4 by default) and lenet fuse apart, and so do runs with another label
+    smoothing or test-time flip; all of them fuse."""
+    runs = runs_of({"lr": [0.01, 0.02], "model": ["lenet", "resnet18"]})
     packs = build_packs(runs, 8, fuse="auto")
-    fused = {runs[m].config.model for p in packs.values() if p.fuse for m in p.members}
-    assert fused == {"lenet"}  # resnet18 (flip + crop 4 by default) packs plain
+    assert all(p.fuse for p in packs.values())
+    assert sorted(len({runs[m].config.model for m in p.members}) for p in packs.values()) \
+        == [1, 1, 1, 1]  # 2 strategies x 2 models
+    assert {repr(runs[m].config.augment) for m in runs if runs[m].config.model == "resnet18"} \
+        == {repr({"flip": True, "crop": 4})}
     for kw in ({"label_smoothing": 0.1}, {"augment": {"flip": True}}):
-        packs = build_packs(runs_of({"lr": [0.01, 0.02]}, **kw), 8, fuse="auto")
-        assert not any(p.fuse for p in packs.values()), kw
+        runs = {**runs_of({"lr": [0.01, 0.02]}), **runs_of({"lr": [0.03, 0.04]}, **kw)}
+        packs = build_packs(runs, 8, fuse="auto")
+        assert sorted(len(p.members) for p in packs.values() if p.fuse) == [2, 2, 2, 2], kw
 
 
 def test_fuse_setting():

@@ -154,7 +154,9 @@ def packable(cls: type[Strategy]) -> bool:
     return not cls.launched
 
 
-FUSE_KEYS = ("model", "model_args", "batch_size", "epochs", "amp", "channels_last")
+# what one fused model, its batches and its evaluation share (engine/fused.py)
+FUSE_KEYS = ("model", "model_args", "batch_size", "epochs", "amp", "channels_last", "augment",
+             "label_smoothing", "tta")
 
 
 def fuse_mode(setting) -> str:
@@ -163,13 +165,8 @@ def fuse_mode(setting) -> str:
 
 
 def fusable(run: Run) -> bool:
-    """A fused group holds the split in memory (the tensor loader) and calls the plain model
-    (torch.compile is not applied). Its batches, step and evaluation do not yet apply
-    train.augment, train.label_smoothing or eval.tta (engine/augment.py has what they need):
-    until they do, such runs form plain packs rather than train other than their spec says."""
-    cfg = run.config
-    return (cfg.loader == "tensor" and not any(cfg.augment.values())
-            and not cfg.label_smoothing and cfg.tta == "none")
+    """A fused group holds the split in memory (the tensor loader)."""
+    return run.config.loader == "tensor"
 
 
 def build_packs(runs: dict[str, Run], runs_per_job: int, fuse: str = "",
@@ -218,8 +215,7 @@ def describe_fusion(runs: dict[str, Run], packs: dict[str, Pack]) -> str | None:
         line += "; runs of another model, batch size, epochs or amp fuse apart"
     if plain:
         line += (f"; {sum(len(p.members) for p in plain)} run(s) that cannot fuse (loader "
-                 f"torchvision, or train.augment, label_smoothing or eval.tta on) in "
-                 f"{len(plain)} plain pack(s)")
+                 f"torchvision) in {len(plain)} plain pack(s)")
     return line
 
 

@@ -39,6 +39,13 @@ class Draws:
     flip: torch.Tensor | None
     shift: torch.Tensor | None
 
+    @staticmethod
+    def cat(parts: list) -> "Draws":
+        """The draws of several batches, one after another (a fused group's members)."""
+        first = parts[0]
+        return Draws(None if first.flip is None else torch.cat([d.flip for d in parts]),
+                     None if first.shift is None else torch.cat([d.shift for d in parts]))
+
     def to(self, device) -> "Draws":
         return Draws(None if self.flip is None else self.flip.to(device),
                      None if self.shift is None else self.shift.to(device))

@@ -35,6 +35,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
+from .augment import Draws, apply, mirror
 from .build import build_placed_model, seed_everything
 from .fused_model import FusedModel, default_mode
 from .fused_optim import FusedOptimizer
@@ -59,8 +60,9 @@ class FusedBatches:
         first = member_batches[0]
         self.split, self.batch_size = first.split, first.batch_size
         self.channels_last = first.channels_last
-        self.shared = share and len({(b.seed, b.rank, b.world_size, b.shuffle)
+        self.shared = share and len({(b.seed, b.rank, b.world_size, b.shuffle, b.augment)
                                      for b in member_batches}) == 1
+        self.augment = first.augment  # one for all members (plan.FUSE_KEYS)
 
     def __len__(self) -> int:
         return len(self.members[0])
@@ -74,7 +76,11 @@ class FusedBatches:
             sel = orders[:, b * size:(b + 1) * size]
             k, n = sel.shape
             flat = sel.reshape(-1)
-            x = normalize(self.split.images.index_select(0, flat), self.channels_last)
+            x = self.split.images.index_select(0, flat)
+            if self.augment:  # each member's own draws (its seed), applied in one go
+                x = apply(x, Draws.cat([self.augment.draws(n, m.seed, epoch, b, m.rank)
+                                        for m in members]).to(device))
+            x = normalize(x, self.channels_last)
             y = self.split.labels.index_select(0, flat)
             if self.shared:
                 yield x, y
@@ -165,10 +171,13 @@ class FusedGroup:
         k, n = out.shape[:2]
         if shared:
             y = y.expand(k, n)
+        smoothing = self.members[0].cfg.label_smoothing  # one for all (plan.FUSE_KEYS)
         if self.mode == "loop":  # member by member already: each loss summed as alone
-            return out, torch.stack([F.cross_entropy(out[i].float(), y[i]) for i in range(k)])
-        losses = F.cross_entropy(out.reshape(k * n, -1).float(), y.reshape(-1),
-                                 reduction="none").view(k, n).mean(1)
+            return out, torch.stack([F.cross_entropy(out[i].float(), y[i],
+                                                     label_smoothing=smoothing)
+                                     for i in range(k)])
+        losses = F.cross_entropy(out.reshape(k * n, -1).float(), y.reshape(-1), reduction="none",
+                                 label_smoothing=smoothing).view(k, n).mean(1)
         return out, losses
 
     def train_step(self, x, y):
@@ -191,21 +200,29 @@ class FusedGroup:
         return losses.detach(), hits
 
     @torch.no_grad()
-    def evaluate(self) -> list[float]:
-        """Test accuracy of every member on the shared test split."""
+    def evaluate(self) -> list[dict]:
+        """Test accuracy of every member on the shared test split (``test_acc``), and with
+        eval.tta flip ``test_acc_tta`` (the mean of the logits of an image and its mirror),
+        as Segment.evaluate."""
         first = self.members[0]
         s, cfg = first.strategy, first.cfg
+        tta = cfg.tta == "flip"
         self.fused.train(False)
-        hits = torch.zeros(self.fused.size, dtype=torch.float64, device=s.device)
+        hits = torch.zeros(2, self.fused.size, dtype=torch.float64, device=s.device)
         total = 0
         for x, y, valid in eval_batches(first.test_split, cfg.eval_batch_size, 0, 1,
                                         cfg.channels_last, s.device):
             with self.autocast():
-                pred = self.fused.forward(x, shared_input=True).argmax(-1)
-            hits += ((pred == y) & valid).sum(1).double()
+                logits = self.fused.forward(x, shared_input=True)
+                both = logits.float() + self.fused.forward(mirror(x), shared_input=True).float() \
+                    if tta else logits
+            hits[0] += ((logits.argmax(-1) == y) & valid).sum(1).double()
+            hits[1] += ((both.argmax(-1) == y) & valid).sum(1).double()
             total += int(valid.sum())
         self.fused.train(True)
-        return (hits / total).tolist()
+        accs, accs_tta = (hits / total).tolist()
+        return [{"test_acc": a, **({"test_acc_tta": t} if tta else {})}
+                for a, t in zip(accs, accs_tta)]
 
     def export(self) -> None:
         self.fused.export_to([m.model for m in self.members])

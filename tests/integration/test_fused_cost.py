@@ -1,0 +1,122 @@
+"""What a fused step costs, counted rather than timed (issue 35): the operators it dispatches
+(torch profiler) do not grow with the number of members K in vmap fusion and stay close to a
+single run's step, and the group holds one copy of the data whatever K. Timings are
+bench/fused_cpu.py's; a test never asserts a speed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import SYNTHETIC
+from cifarflow.config import with_defaults
+from cifarflow.controller.plan import build_runs
+from cifarflow.engine.fused import fused_group
+from cifarflow.engine.segment import Segment
+from cifarflow.engine.strategies import get_strategy
+
+# aten operators that launch no kernel: views, metadata, allocation; the rest compute
+NO_KERNEL = {f"aten::{name}" for name in """alias as_strided as_strided_ contiguous detach
+empty empty_like empty_strided expand flatten lift_fresh movedim new_empty new_empty_strided
+permute reshape _reshape_alias resize_ resolve_conj resolve_neg select slice squeeze t to
+transpose unflatten unsqueeze _unsafe_view view""".split()}
+
+
+def configs(k: int, **train) -> list:
+    """k lenet runs of one seed that differ in lr and weight decay, on cpu."""
+    config = with_defaults({"strategies": ["cpu"], "data": {"synthetic": SYNTHETIC},
+                            "train": {"epochs": 20, "batch_size": 100, **train},
+                            "sweep": {"lr": [0.01 * (i + 1) for i in range(k)],
+                                      "weight_decay": [0.0005]}})
+    return [run.config for run in build_runs(config).values()]
+
+
+def dispatched(step, x, y) -> dict[str, int]:
+    """aten operators one call of ``step`` dispatches, by name (after a warm-up call)."""
+    step(x, y)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        step(x, y)
+    return {e.key: e.count for e in prof.key_averages() if e.key.startswith("aten::")}
+
+
+def computing(ops: dict[str, int]) -> int:
+    return sum(n for name, n in ops.items() if name not in NO_KERNEL)
+
+
+def fused_step_ops(k: int, cifar_dir: Path, mode: str = "vmap") -> dict[str, int]:
+    group = fused_group(configs(k), cifar_dir, threads=2, mode=mode, say=lambda line: None)
+    x, y = next(group.batches.epoch(0))
+    return dispatched(group.train_step, x, y)
+
+
+def single_step_ops(cifar_dir: Path) -> dict[str, int]:
+    cfg = configs(1)[0]
+    run = Segment(cfg, get_strategy("cpu")(cfg, 2), cifar_dir, Path("/nonexistent"))
+    run.strategy.setup()
+    run.load_data()
+    batches = run.make_batches()
+    model = run.strategy.wrap(run.make_model())
+    run.attach(model, *run.make_optimizer(model.parameters(), len(batches)), batches)
+    x, y = next(batches.epoch(0))
+    return dispatched(run.train_step, x, y)
+
+
+def test_a_vmap_step_dispatches_as_many_operators_for_64_members_as_for_4(cifar_dir):
+    """The fused step's operators (forward, loss, backward, optimizer, for all members): the
+    same count for K = 4 and K = 64 (within 10 %), at most 1.5x one run's step. Before the
+    flat buffers the optimizer alone was ~7 single-tensor operators per parameter tensor
+    (10 in lenet), and the meter 2 per member: 2K more at K = 64."""
+    four, sixty_four = fused_step_ops(4, cifar_dir), fused_step_ops(64, cifar_dir)
+    single = single_step_ops(cifar_dir)
+    assert computing(sixty_four) <= 1.1 * computing(four), (four, sixty_four)
+    assert computing(four) <= 1.5 * computing(single), (four, single)
+    # the whole-buffer optimizer: one zero_ of the flat gradients, one update per kind
+    assert sixty_four.get("aten::addcmul_", 0) == 1  # p -= lr * d, all members at once
+
+
+def test_loop_fusion_grows_with_members_and_vmap_does_not(cifar_dir):
+    """The other side of the count: loop fusion calls the model once per member, so its
+    operators grow with K (the CPU default trades that for oneDNN's plain convolutions)."""
+    assert computing(fused_step_ops(8, cifar_dir, "loop")) > \
+        3 * computing(fused_step_ops(2, cifar_dir, "loop"))
+
+
+@pytest.mark.parametrize("k", [2, 16])
+def test_a_fused_group_holds_one_copy_of_the_data(cifar_dir, k):
+    """Every member's batches and test split read the same tensors (one copy on the
+    device whatever K: on a GPU, 150 MB for CIFAR-10's training split instead of K x)."""
+    group = fused_group(configs(k), cifar_dir, threads=2, mode="loop", say=lambda line: None)
+    members = group.members
+    assert len(members) == k
+    assert len({m.batches.split.images.data_ptr() for m in members}) == 1
+    assert len({m.test_split.images.data_ptr() for m in members}) == 1
+    assert group.batches.split.images.data_ptr() == members[0].batches.split.images.data_ptr()
+    assert group.batches.shared  # one seed: one gathered batch per step
+    x, y = next(group.batches.epoch(0))
+    assert x.shape[0] == y.shape[0] == 100  # (B, ...), not (K, B, ...)
+
+
+@pytest.mark.slow  # torch.compile of the fused forward, backward and update: ~30 s on this CPU
+def test_train_compile_compiles_the_fused_step(cifar_dir):
+    """train.compile in a fused group: the forward with its loss (and so its backward) and
+    the optimizer's update are compiled, with no fallback said; three steps end within
+    float tolerance of the same group uncompiled (inductor fuses the arithmetic anew)."""
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    said, weights = [], {}
+    for compiled in (False, True):
+        group = fused_group(configs(3, compile=compiled), cifar_dir, threads=2, mode="vmap",
+                            say=said.append)
+        start = group.fused.flat.clone()
+        batches = group.batches.epoch(0)
+        for _ in range(3):
+            group.train_step(*next(batches))
+        assert group.compiled is compiled
+        weights[compiled] = group.fused.flat.clone()
+        assert not torch.equal(weights[compiled], start)  # it trained
+    assert counters["stats"]["unique_graphs"] >= 2, dict(counters["stats"])
+    assert not [line for line in said if "uncompiled" in line], said
+    assert torch.allclose(weights[True], weights[False], rtol=1e-4, atol=1e-5)
