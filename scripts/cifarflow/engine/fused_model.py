@@ -71,26 +71,41 @@ class FusedModel:
         # the flat tensor's row stride does not allow, so the call gets a copy whose member
         # slices stay channels_last (else oneDNN and cuDNN run another algorithm than alone)
         self.channels_last = [name for name in names if keeps_channels_last(first.get_parameter(name))]
-        _, buffers = stack_module_state(modules)
-        self.buffers = {name: b.detach().clone() for name, b in buffers.items()}
+        if mode == "loop":
+            self.modules = modules
+            self._point_into_flat(modules)
+            self.buffers = {}
+        else:
+            _, buffers = stack_module_state(modules)
+            self.buffers = {name: b.detach().clone() for name, b in buffers.items()}
         self._vmapped = {}
 
-    def member_state(self, k: int) -> dict:
-        """Member k's parameters and buffers: views into the fused tensors."""
-        state = {name: p[k] for name, p in self.params.items()}
-        state.update({name: b[k] for name, b in self.buffers.items()})
-        return state
+    def _point_into_flat(self, modules: list) -> None:
+        """loop: each member's own module trains, its parameters made views of its row of the
+        flat tensors (its gradients accumulate into the flat gradient): a plain call per
+        member, no functional_call, and nothing to export but the buffers it keeps itself."""
+        for k, module in enumerate(modules):
+            for name, fused in self.params.items():
+                owner, _, leaf = name.rpartition(".")
+                owner = module.get_submodule(owner)
+                param = torch.nn.Parameter(fused.detach()[k])
+                param.grad = fused.grad[k]
+                owner._parameters[leaf] = param
 
     @torch.no_grad()
     def export_to(self, modules: list) -> None:
-        """Each member's current weights and running statistics into its own module."""
+        """Each member's current weights and running statistics into its own module (in
+        loop fusion they are its module's already)."""
+        if self.mode == "loop":
+            return
         for k, module in enumerate(modules):
             for name, tensor in [*module.named_parameters(), *module.named_buffers()]:
                 fused = self.params.get(name)
                 tensor.copy_(fused[k] if fused is not None else self.buffers[name][k])
 
     def train(self, mode: bool = True) -> None:
-        self.template.train(mode)
+        for module in self.modules if self.mode == "loop" else [self.template]:
+            module.train(mode)
 
     def _call(self, shared_input: bool):
         """The vmapped functional call, built once per input kind."""
@@ -111,9 +126,8 @@ class FusedModel:
                 params[name] = params[name].new_empty((k, o, h, w, i)).permute(0, 1, 4, 2, 3) \
                     .copy_(params[name])
             return self._call(shared_input)(params, self.buffers, x)
-        return torch.stack([functional_call(self.template, self.member_state(k),
-                                            (x if shared_input else x[k],))
-                            for k in range(self.size)])
+        return torch.stack([module(x if shared_input else x[k])
+                            for k, module in enumerate(self.modules)])
 
     def zero_grad(self) -> None:
         self.flat_grad.zero_()
