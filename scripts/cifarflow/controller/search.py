@@ -70,7 +70,7 @@ def check_range(key: str, kind: str, values, item_schema: dict) -> None:
             raise ValueError(f"{where}: {key} takes integers: use int, log_int or choice")
     import jsonschema
 
-    for value in (values if kind == "choice" else values):
+    for value in values:
         try:
             jsonschema.validate(value, item_schema)
         except jsonschema.ValidationError as exc:

@@ -1,29 +1,30 @@
 """A fused group: K sweep members that share model, batch size and segment plan, trained in
-one process as one model, one forward/backward/optimizer step for all of them.
+one process as one model, one forward/backward/optimizer step for all of them, at a cost
+per step that does not grow with K in vmap fusion (docs/sweeps.md, "How it fuses").
 
-Fusion stacks the members' parameters and buffers along a new leading dimension (torch.func
-``stack_module_state``) and calls the model functionally on each member's slice:
+The members' parameters live in one flat ``(K, P)`` tensor, their gradients in another
+(fused_model.py's ``FusedModel``), and the model is called on them in one of two ways:
 
 * ``vmap`` (the default on CUDA): ``torch.func.vmap`` over ``functional_call``. Its batching
-  rules turn the K convolutions into one grouped convolution, the K linear layers into one
-  batched matmul and BatchNorm into one call over the concatenated channels: HFTA's fusion
-  (Wang et al., MLSys 2021), without rewriting the model, so users' own models fuse too.
-* ``loop`` (the default on CPU): the members' slices one after another in the same process.
-  On CPU grouped convolutions are slower than K plain ones (docs/sweeps.md, measured), so
-  what fusion keeps there is one process, one copy of the data and one optimizer step.
+  rules turn the K convolutions into one grouped convolution (one dense convolution over a
+  shared batch), the K linear layers into one batched matmul and BatchNorm into one call
+  over the concatenated channels: HFTA's fusion (Wang et al., MLSys 2021), without
+  rewriting the model, so users' own models fuse too.
+* ``loop`` (the default on CPU): each member's own module, its parameters views of its row
+  of the flat tensors, one after another; on CPU grouped convolutions are slower than K
+  plain ones (measured), and loop trains each member bit for bit as alone.
 
-Each member is bookkept by its own engine ``Segment`` (progress, meter, log file, TensorBoard,
-checkpoints): its segment directory holds an ordinary, unfused checkpoint, so a member can go
-on alone, and a fused group resumes from its members' checkpoints. Each member keeps its own
-seed (initial weights, batch order) and hyper-parameters: learning rate and its schedule
-(its own torch scheduler, stepped per batch), momentum, weight decay, optimizer. The
-optimizer step is one vectorised update over the stacked tensors with per-member
-hyper-parameters (``FusedOptimizer``), the same arithmetic as torch's single-tensor SGD and
-Adam. A member whose loss turns NaN or infinite leaves the group at the epoch's end; the
-others never see its values (its gradients are its own slice).
+One copy of the data per group; one gathered batch for all when the members share a seed.
+Each member is bookkept by its own engine ``Segment`` (progress, log file, TensorBoard,
+checkpoints): its segment directory holds an ordinary, unfused checkpoint, so a member can
+go on alone, and a fused group resumes from its members' checkpoints. Each member keeps its
+own seed (initial weights, batch order, augmentation draws) and hyper-parameters (learning
+rate and its schedule, momentum, weight decay, optimizer), applied by fused_optim.py's
+``FusedOptimizer`` in a few whole-buffer operations per step. A member whose loss turns NaN
+or infinite leaves the group at the epoch's end; the others never see its values (its
+gradients are its own row).
 
-The stacked model is fused_model.py's ``FusedModel``, the optimizer step fused_optim.py's
-``FusedOptimizer``; here: the batches, the group's loop and its members' bookkeeping.
+Here: the batches, the group's loop and meter, and its members' bookkeeping.
 """
 
 from __future__ import annotations

@@ -38,7 +38,8 @@ def hyper_of(group: dict) -> list[float]:
 
 class HyperTable:
     """Every member's hyper-parameters at every global step from ``start`` to ``end``:
-    a (steps, 6, K) float32 tensor on the device, row t - start for step t.
+    (steps, 6, K) tensors on the device, float32 for the step and float64 for Adam's bias
+    corrections, row t - start for step t (and a float64 copy on the host for syncs).
 
     Members whose schedules have the same shape (scheduler, epochs, warmup, optimizer kind)
     share one reference schedule, stepped once on the host: a member's learning rate is its
