@@ -104,8 +104,8 @@ def test_the_rule_runtime_is_the_budget_when_the_spec_sets_none(cifar_dir, tmp_p
 
 def test_sigusr2_checkpoints_at_next_batch_and_exits_cleanly(cifar_dir, reference, tmp_path):
     """SIGUSR2 inside the first epoch (the process frozen at its first in-segment save, so
-    on any machine): it checkpoints at the next batch, exits 0, and the next segment ends
-    bit-identical to an uninterrupted run."""
+    on any machine): it checkpoints within the two batches after that save, exits 0, and the
+    next segment ends bit-identical to an uninterrupted run."""
     first, work = tmp_path / "segment-1", tmp_path / "work"
     args = [PY, "-m", "cifarflow", "train", "--spec", str(spec(**{**SPEC, "batch_size": 20,
             "checkpoint_interval_s": 0.001})), "--data", str(cifar_dir), "--out", str(first),
@@ -119,7 +119,10 @@ def test_sigusr2_checkpoints_at_next_batch_and_exits_cleanly(cifar_dir, referenc
     assert "signal SIGUSR2" in rest
     m = ckpt.read_manifest(first)
     assert not m["done"] and m["epoch"] == saved["epoch"] == 0
-    assert saved["step"] <= m["step"] <= saved["step"] + 1  # the next batch, inside epoch 1
+    # frozen somewhere in the batch after that save, the signal is raised at that batch's
+    # end and acted on one batch later (the flags of a batch are read while the next one
+    # trains: StopController): at most 2 batches after the save, inside epoch 1
+    assert saved["step"] <= m["step"] <= saved["step"] + 2
     second = tmp_path / "segment-2"
     train(cifar_dir, second, spec_kw={**SPEC, "batch_size": 20}, resume=first)
     uninterrupted = tmp_path / "whole"

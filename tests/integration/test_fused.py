@@ -261,6 +261,7 @@ def test_fused_segments_are_bit_identical_to_one_segment(tmp_path, cifar_dir):
                 == [r["train_loss"] for r in metrics_of(segment(tmp_path / "one", run, 1))]
 
 
+@pytest.mark.slow  # a frozen stop, 4 fused segments and 2 alone: about 45 s
 def test_members_resuming_at_different_points_train_as_one_group_per_point(tmp_path, cifar_dir):
     """Segment 2 of a fused pack whose members ended segment 1 at different points (A
     stopped inside epoch 1 at its in-segment save, B at the end of epoch 1): the process

@@ -2,14 +2,14 @@
 tensor (member k's row holds its P parameter values) and their gradients in another; each
 parameter is a ``(K, ...)`` view into it, so the optimizer updates every member's every
 parameter in a few whole-buffer operations and one ``zero_`` clears all gradients. The model
-is called functionally on each member's views, with ``vmap`` (one grouped convolution, one
-batched matmul; with a shared input batch, conv1 is one dense convolution over K x its
-channels) or one member after another (``loop``). Part of engine/fused.py's group."""
+is called with ``vmap``, functionally on the views (one grouped convolution, one batched
+matmul; with a shared input batch, conv1 is one dense convolution over K x its channels), or
+in ``loop``, member after member, each member's own module with its parameters made views
+of its row. Part of engine/fused.py's group."""
 
 from __future__ import annotations
 
 import copy
-import math
 
 import torch
 from torch.func import functional_call, stack_module_state, vmap
@@ -131,11 +131,3 @@ class FusedModel:
 
     def zero_grad(self) -> None:
         self.flat_grad.zero_()
-
-    def param_bytes(self) -> int:
-        return self.flat.numel() * self.flat.element_size()
-
-    def columns(self, name: str) -> slice:
-        """The flat tensor's columns that hold parameter ``name``."""
-        start = self.offsets[name]
-        return slice(start, start + math.prod(self.params[name].shape[1:]))
