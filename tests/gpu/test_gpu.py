@@ -106,7 +106,7 @@ def fused_configs(k: int, strategy: str = "gpu", **train) -> list:
 def test_a_fused_group_on_cuda_is_vmap_holds_one_copy_of_the_data_and_trains(cifar_dir):
     """On CUDA the fusion is vmap; the split is on the GPU once whatever K (the memory a
     group of 16 allocates exceeds a group of 2's by its members' weights and state, far
-    less than 14 more copies of the split); a step lowers the members' losses."""
+    less than 14 more copies of the split); over an epoch the members' losses fall."""
     from cifarflow.engine.fused import fused_group
 
     def group_memory(k: int) -> tuple[int, object]:
@@ -121,11 +121,9 @@ def test_a_fused_group_on_cuda_is_vmap_holds_one_copy_of_the_data_and_trains(cif
     del group
     sixteen, group = group_memory(16)
     assert sixteen - two < 2 * split_bytes + 14 * 4 * 4 * group.fused.flat.shape[1]
-    batches = group.batches.epoch(0)
-    first, _ = group.train_step(*next(batches))
-    for _ in range(10):
-        last, _ = group.train_step(*next(batches))
-    assert torch.all(last < first)
+    losses = torch.stack([group.train_step(x, y)[0] for x, y in group.batches.epoch(0)])
+    assert torch.isfinite(losses).all()
+    assert losses[-3:].mean() < losses[:3].mean()  # an epoch of 20 steps: the members learn
 
 
 def test_fused_gpu_segments_equal_one_bit_for_bit(cifar_dir, tmp_path):
