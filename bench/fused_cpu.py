@@ -3,9 +3,9 @@ time, per training step, and the profile of a K = 16 step by operator (issue 35)
 
     .venv/bin/python bench/fused_cpu.py [--k 16] [--batch 100] [--rounds 3] [--steps 10]
 
-One process, the engine's own objects (``engine.fused.fused_group``, a ``Segment`` for the
-run alone), synthetic CIFAR-format data; each case is timed over ``--steps`` steps after a
-warm-up step, ``--rounds`` times, and the median is kept. "Alone" is one run's step;
+One process, the engine's own objects (``engine.fused_train.fused_group``, a ``Segment``
+for the run alone), synthetic CIFAR-format data; each case is timed over ``--steps`` steps
+after a warm-up step, ``--rounds`` times, and the median is kept. "Alone" is one run's step;
 K runs one at a time take K times as long, so the ratio is fused images/s over alone
 images/s. Whole segments (data, metrics, checkpoints) through the cli: bench/gpu_sweep.py
 --small. Writes bench/out/fused_cpu/fused_cpu.json and .md.
@@ -28,7 +28,7 @@ import torch  # noqa: E402
 from cifarflow import data  # noqa: E402
 from cifarflow.config import with_defaults  # noqa: E402
 from cifarflow.controller.plan import build_runs  # noqa: E402
-from cifarflow.engine.fused import fused_group  # noqa: E402
+from cifarflow.engine.fused_train import fused_group  # noqa: E402
 from cifarflow.engine.segment import Segment  # noqa: E402
 from cifarflow.engine.strategies import get_strategy  # noqa: E402
 

@@ -107,7 +107,7 @@ def test_a_fused_group_on_cuda_is_vmap_holds_one_copy_of_the_data_and_trains(cif
     """On CUDA the fusion is vmap; the split is on the GPU once whatever K (the memory a
     group of 16 allocates exceeds a group of 2's by its members' weights and state, far
     less than 14 more copies of the split); over an epoch the members' losses fall."""
-    from cifarflow.engine.fused import fused_group
+    from cifarflow.engine.fused_train import fused_group
 
     def group_memory(k: int) -> tuple[int, object]:
         torch.cuda.empty_cache()

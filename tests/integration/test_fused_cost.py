@@ -13,7 +13,7 @@ import torch
 from conftest import SYNTHETIC
 from cifarflow.config import with_defaults
 from cifarflow.controller.plan import build_runs
-from cifarflow.engine.fused import fused_group
+from cifarflow.engine.fused_train import fused_group
 from cifarflow.engine.segment import Segment
 from cifarflow.engine.strategies import get_strategy
 

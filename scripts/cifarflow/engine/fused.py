@@ -24,7 +24,9 @@ rate and its schedule, momentum, weight decay, optimizer), applied by fused_opti
 or infinite leaves the group at the epoch's end; the others never see its values (its
 gradients are its own row).
 
-Here: the batches, the group's loop and meter, and its members' bookkeeping.
+Here: the group's loop, its decisions and its members' bookkeeping; its batches are
+fused_batches.py's, its meter meter.py's; fused_train.py builds and runs the groups of a
+pack segment.
 """
 
 from __future__ import annotations
@@ -36,126 +38,17 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from .augment import Draws, apply, mirror
-from .build import build_placed_model, seed_everything
-from .fused_model import FusedModel, default_mode
+from .augment import mirror
+from .fused_batches import FusedBatches
+from .fused_model import FusedModel
 from .fused_optim import FusedOptimizer
-from .loaders import eval_batches, normalize
+from .loaders import eval_batches
+from .meter import FusedMeter
 from .stop import StopController
 
 # the members' parameters are views into one flat (K, P) tensor, their gradients views into
 # another: autograd accumulates into them in place and says the strides are unusual
 warnings.filterwarnings("ignore", message="grad and param do not obey the gradient layout")
-
-
-class FusedBatches:
-    """Each member's batch of one step: member k's batch b is the one it would see alone
-    (its own seed's order), from ONE copy of the split on the device, whatever K.
-
-    When every member has the same order (same seed: a sweep of lr, momentum, weight decay),
-    the batch is gathered and normalised once and shared (``shared``: x is (B, ...), y (B,));
-    otherwise the K batches are gathered in one index_select (x: (K, B, ...), y: (K, B)),
-    or, for loop fusion (``per_member``), each just before its member's call (x: a list
-    of K batches: one batch at a time stays in the CPU's caches; measured 0.95x -> 1.0x)."""
-
-    def __init__(self, member_batches: list, share: bool = True):
-        self.members, self.share = member_batches, share
-        first = member_batches[0]
-        self.split, self.batch_size = first.split, first.batch_size
-        self.channels_last = first.channels_last
-        self.shared = share and len({(b.seed, b.rank, b.world_size, b.shuffle, b.augment)
-                                     for b in member_batches}) == 1
-        self.augment = first.augment  # one for all members (plan.FUSE_KEYS)
-        self.per_member = False
-
-    def __len__(self) -> int:
-        return len(self.members[0])
-
-    def epoch(self, epoch: int, start: int = 0):
-        device = self.split.images.device
-        members = self.members[:1] if self.shared else self.members
-        orders = torch.stack([b.indices(epoch) for b in members]).to(device)
-        size = self.batch_size
-        for b in range(start, len(self)):
-            sel = orders[:, b * size:(b + 1) * size]
-            k, n = sel.shape
-            flat = sel.reshape(-1)
-            if self.per_member and not self.shared:
-                yield LazyBatches(self, members, sel, epoch, b), \
-                    self.split.labels.index_select(0, flat).view(k, n)
-                continue
-            x = self.split.images.index_select(0, flat)
-            if self.augment:  # each member's own draws (its seed), applied in one go
-                x = apply(x, Draws.cat([self.augment.draws(n, m.seed, epoch, b, m.rank)
-                                        for m in members]).to(device))
-            x = normalize(x, self.channels_last)
-            y = self.split.labels.index_select(0, flat)
-            if self.shared:
-                yield x, y
-            else:
-                yield x.view(k, n, *x.shape[1:]), y.view(k, n)
-
-
-class LazyBatches:
-    """Member k's batch of one step (its images gathered, augmented, normalised), made when
-    the loop's call for member k asks for it."""
-
-    def __init__(self, batches: FusedBatches, members: list, sel, epoch: int, b: int):
-        self.batches, self.members, self.sel, self.epoch, self.b = batches, members, sel, epoch, b
-
-    def __len__(self) -> int:
-        return len(self.members)
-
-    def __getitem__(self, k: int):
-        source = self.batches
-        x = source.split.images.index_select(0, self.sel[k])
-        x = self.members[k].augmented(x, self.epoch, self.b)
-        return normalize(x, source.channels_last)
-
-
-class FusedMeter:
-    """The group's epoch sums, one (K,) tensor each for loss and hits (two kernels a step,
-    whatever K). The first member's meter keeps the clock and the counts; every member's
-    progress is brought up to date at ``fold`` (saves, the epoch's end)."""
-
-    def __init__(self, members: list):
-        self.members = members
-        self.first = members[0]
-        self.loss = self.hits = None
-
-    def start(self) -> None:
-        device = self.first.meter.device
-        for m in self.members:
-            m.start_epoch()
-        self.loss = torch.tensor([m.progress.loss_sum for m in self.members], dtype=torch.float64,
-                                 device=device)
-        self.hits = torch.tensor([m.progress.correct for m in self.members], dtype=torch.int64,
-                                 device=device)
-
-    def add(self, losses, hits, n: int) -> None:
-        self.loss.add_(losses, alpha=n)  # exact in float64, as EpochMeter.add
-        self.hits += hits
-        p, meter = self.first.progress, self.first.meter
-        p.seen += n
-        p.step += 1
-        meter.steps0 += 1
-
-    def fold(self) -> None:
-        """Every member's progress: its sums, the shared position, its training time."""
-        p0, meter0 = self.first.progress, self.first.meter
-        elapsed = meter0.elapsed()
-        for m, loss, hits in zip(self.members, self.loss.tolist(), self.hits.tolist()):
-            m.progress.loss_sum, m.progress.correct = loss, hits
-            m.progress.step, m.progress.seen = p0.step, p0.seen
-            m.meter.steps0 = meter0.steps0
-            m.progress.train_s = m.meter.base_s + elapsed
-
-    def restart_clock(self) -> None:
-        for m in self.members:
-            m.meter.restart_clock(m.progress)
-
-    def log_due(self) -> bool:
-        return self.first.meter.due_for_log(self.first.cfg.log_interval_s)
 
 
 class FusedGroup:
@@ -371,83 +264,3 @@ class FusedGroup:
         self.__init__(members, self.mode, self.say,
                       FusedBatches([m.batches for m in members], self.batches.share))
         return True
-
-
-def build_members(members: list, mode: str | None = None) -> str:
-    """Load the data once and put it on the device ONCE (every member's batches read the
-    same tensors, whatever K); build each member's model (its own seed), optimizer and
-    schedule, exactly as the member would alone; returns the fusion mode."""
-    first = members[0]
-    first.load_data()
-    first.train_split = first.train_split.to(first.strategy.device)
-    batches0 = first.make_batches()  # also moves the test split to the device
-    for m in members:
-        m.train_split, m.test_split = first.train_split, first.test_split
-        m.data_dir = first.data_dir
-        seed_everything(m.cfg.seed, m.cfg.deterministic, False)
-        batches = batches0 if m is first else m.make_batches()
-        model = build_placed_model(m.cfg, m.strategy)
-        m.attach(model, *m.make_optimizer(model.parameters(), len(batches)), batches)
-    return mode or default_mode(first.strategy.device)
-
-
-def train_fused(members: list, mode: str | None, start_time: float, say,
-                share_input: bool = True) -> dict:
-    """Segment k of each member (Segments built for one process each, not yet set up),
-    fused: the members resumed at one position train as one group; members at another
-    position (an earlier try stopped them elsewhere) form a group of their own, trained
-    next, and say so. Returns each run's result, or its error (the others go on)."""
-    members = sorted(members, key=lambda m: m.cfg.optimizer)  # a block per kind
-    for m in members:
-        m.strategy.setup()
-    mode = build_members(members, mode)
-    results, groups = {}, {}
-    for m in members:
-        try:
-            m.resume()
-        except Exception as exc:  # this member's checkpoint: the others are not concerned
-            results[m.cfg.run] = {"error": f"{type(exc).__name__}: {exc}"}
-            m.log(f"ERROR: {type(exc).__name__}: {exc}")
-            continue
-        groups.setdefault((m.progress.epoch, m.progress.step), []).append(m)
-    if len(groups) > 1:
-        say(f"members resume at {len(groups)} different points: "
-            + "; ".join(f"epoch {e + 1} batch {b}: {', '.join(m.cfg.run for m in ms)}"
-                        for (e, b), ms in sorted(groups.items()))
-            + " (one fused group each, one after another)")
-    for position, group_members in sorted(groups.items()):
-        first = group_members[0]
-        say(f"fused group of {len(group_members)} ({mode}) on {first.strategy.device}, from "
-            f"epoch {position[0] + 1} batch {position[1]}: "
-            + ", ".join(m.cfg.run for m in group_members))
-        stop = StopController(first.budget_s, first.cfg.margin_s, first.strategy, start_time,
-                              first.cfg.checkpoint_interval_s)
-        group = FusedGroup(group_members, mode, say,
-                           FusedBatches([m.batches for m in group_members], share_input))
-        if len(group_members) > 1:
-            say("one batch shared by all members (same order)" if group.batches.shared
-                else "each member its own batch order (seeds differ)")
-        reason, left = group.run(stop)
-        for m in group.members:
-            m.result = m.finish(reason)
-        for m in [*left, *group.members]:
-            results[m.cfg.run] = m.result
-    return results
-
-
-def fused_group(cfgs: list, data_dir, threads: int = 0, mode: str | None = None,
-                share_input: bool = True, say=print) -> FusedGroup:
-    """A fused group of the runs ``cfgs`` (TrainConfigs, one strategy), built in this process
-    from scratch with nothing written: what benchmarks and tests step and profile."""
-    from pathlib import Path
-
-    from .segment import Segment
-    from .strategies import get_strategy
-
-    members = [Segment(cfg, get_strategy(cfg.strategy)(cfg, threads), Path(data_dir),
-                       Path("/nonexistent")) for cfg in sorted(cfgs, key=lambda c: c.optimizer)]
-    for m in members:
-        m.strategy.setup()
-    mode = build_members(members, mode)
-    return FusedGroup(members, mode, say,
-                      FusedBatches([m.batches for m in members], share_input))

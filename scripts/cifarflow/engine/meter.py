@@ -1,6 +1,6 @@
 """The epoch meter: loss and hits summed on the device, images and time since the last
 (re)start of the clock, folded into the checkpointed ``Progress`` when a save or the
-epoch's end needs them."""
+epoch's end needs them; and a fused group's, one (K,) sum for its K members."""
 
 from __future__ import annotations
 
@@ -58,3 +58,48 @@ class EpochMeter:
         """Copy the device-side sums into the (checkpointed) progress record."""
         progress.loss_sum, progress.correct = float(self.loss), int(self.hits)
         progress.train_s = self.base_s + self.elapsed()
+
+
+class FusedMeter:
+    """The group's epoch sums, one (K,) tensor each for loss and hits (two kernels a step,
+    whatever K). The first member's meter keeps the clock and the counts; every member's
+    progress is brought up to date at ``fold`` (saves, the epoch's end)."""
+
+    def __init__(self, members: list):
+        self.members = members
+        self.first = members[0]
+        self.loss = self.hits = None
+
+    def start(self) -> None:
+        device = self.first.meter.device
+        for m in self.members:
+            m.start_epoch()
+        self.loss = torch.tensor([m.progress.loss_sum for m in self.members], dtype=torch.float64,
+                                 device=device)
+        self.hits = torch.tensor([m.progress.correct for m in self.members], dtype=torch.int64,
+                                 device=device)
+
+    def add(self, losses, hits, n: int) -> None:
+        self.loss.add_(losses, alpha=n)  # exact in float64, as EpochMeter.add
+        self.hits += hits
+        p, meter = self.first.progress, self.first.meter
+        p.seen += n
+        p.step += 1
+        meter.steps0 += 1
+
+    def fold(self) -> None:
+        """Every member's progress: its sums, the shared position, its training time."""
+        p0, meter0 = self.first.progress, self.first.meter
+        elapsed = meter0.elapsed()
+        for m, loss, hits in zip(self.members, self.loss.tolist(), self.hits.tolist()):
+            m.progress.loss_sum, m.progress.correct = loss, hits
+            m.progress.step, m.progress.seen = p0.step, p0.seen
+            m.meter.steps0 = meter0.steps0
+            m.progress.train_s = m.meter.base_s + elapsed
+
+    def restart_clock(self) -> None:
+        for m in self.members:
+            m.meter.restart_clock(m.progress)
+
+    def log_due(self) -> bool:
+        return self.first.meter.due_for_log(self.first.cfg.log_interval_s)

@@ -74,7 +74,7 @@ def train_fused_members(pack: str, k: int, members: list[str], results: str, dat
     """`cifarflow train-fused`: each member's log (its own try, as unpacked), its try in
     tries.jsonl, then the fused training; each member's outcome in ``status``."""
     from . import tries
-    from ..engine.fused import train_fused
+    from ..engine.fused_train import train_fused
     from ..engine.segment import Segment
     from ..engine.usage import ended_as
     from ..engine.strategies import get_strategy

@@ -1,0 +1,92 @@
+"""A fused pack's segment in one process: its members' data (once), models, optimizers and
+schedules built as each would alone, resumed, and trained as one fused group per resume
+point (engine/fused.py); and ``fused_group``, one group built in this process for
+benchmarks and tests."""
+
+from __future__ import annotations
+
+from .build import build_placed_model, seed_everything
+from .fused import FusedGroup
+from .fused_batches import FusedBatches
+from .fused_model import default_mode
+from .stop import StopController
+
+
+def build_members(members: list, mode: str | None = None) -> str:
+    """Load the data once and put it on the device ONCE (every member's batches read the
+    same tensors, whatever K); build each member's model (its own seed), optimizer and
+    schedule, exactly as the member would alone; returns the fusion mode."""
+    first = members[0]
+    first.load_data()
+    first.train_split = first.train_split.to(first.strategy.device)
+    batches0 = first.make_batches()  # also moves the test split to the device
+    for m in members:
+        m.train_split, m.test_split = first.train_split, first.test_split
+        m.data_dir = first.data_dir
+        seed_everything(m.cfg.seed, m.cfg.deterministic, False)
+        batches = batches0 if m is first else m.make_batches()
+        model = build_placed_model(m.cfg, m.strategy)
+        m.attach(model, *m.make_optimizer(model.parameters(), len(batches)), batches)
+    return mode or default_mode(first.strategy.device)
+
+
+def train_fused(members: list, mode: str | None, start_time: float, say,
+                share_input: bool = True) -> dict:
+    """Segment k of each member (Segments built for one process each, not yet set up),
+    fused: the members resumed at one position train as one group; members at another
+    position (an earlier try stopped them elsewhere) form a group of their own, trained
+    next, and say so. Returns each run's result, or its error (the others go on)."""
+    members = sorted(members, key=lambda m: m.cfg.optimizer)  # a block per kind
+    for m in members:
+        m.strategy.setup()
+    mode = build_members(members, mode)
+    results, groups = {}, {}
+    for m in members:
+        try:
+            m.resume()
+        except Exception as exc:  # this member's checkpoint: the others are not concerned
+            results[m.cfg.run] = {"error": f"{type(exc).__name__}: {exc}"}
+            m.log(f"ERROR: {type(exc).__name__}: {exc}")
+            continue
+        groups.setdefault((m.progress.epoch, m.progress.step), []).append(m)
+    if len(groups) > 1:
+        say(f"members resume at {len(groups)} different points: "
+            + "; ".join(f"epoch {e + 1} batch {b}: {', '.join(m.cfg.run for m in ms)}"
+                        for (e, b), ms in sorted(groups.items()))
+            + " (one fused group each, one after another)")
+    for position, group_members in sorted(groups.items()):
+        first = group_members[0]
+        say(f"fused group of {len(group_members)} ({mode}) on {first.strategy.device}, from "
+            f"epoch {position[0] + 1} batch {position[1]}: "
+            + ", ".join(m.cfg.run for m in group_members))
+        stop = StopController(first.budget_s, first.cfg.margin_s, first.strategy, start_time,
+                              first.cfg.checkpoint_interval_s)
+        group = FusedGroup(group_members, mode, say,
+                           FusedBatches([m.batches for m in group_members], share_input))
+        if len(group_members) > 1:
+            say("one batch shared by all members (same order)" if group.batches.shared
+                else "each member its own batch order (seeds differ)")
+        reason, left = group.run(stop)
+        for m in group.members:
+            m.result = m.finish(reason)
+        for m in [*left, *group.members]:
+            results[m.cfg.run] = m.result
+    return results
+
+
+def fused_group(cfgs: list, data_dir, threads: int = 0, mode: str | None = None,
+                share_input: bool = True, say=print) -> FusedGroup:
+    """A fused group of the runs ``cfgs`` (TrainConfigs, one strategy), built in this process
+    from scratch with nothing written: what benchmarks and tests step and profile."""
+    from pathlib import Path
+
+    from .segment import Segment
+    from .strategies import get_strategy
+
+    members = [Segment(cfg, get_strategy(cfg.strategy)(cfg, threads), Path(data_dir),
+                       Path("/nonexistent")) for cfg in sorted(cfgs, key=lambda c: c.optimizer)]
+    for m in members:
+        m.strategy.setup()
+    mode = build_members(members, mode)
+    return FusedGroup(members, mode, say,
+                      FusedBatches([m.batches for m in members], share_input))
