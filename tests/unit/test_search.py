@@ -8,7 +8,8 @@ import pytest
 
 from cifarflow.config import schema, with_defaults
 from cifarflow.controller.plan import build_packs, build_runs, sweep_item_schemas
-from cifarflow.controller.search import Outcome, Search, outcome_of, tell_and_ask
+from cifarflow.controller.search import Search
+from cifarflow.controller.study_journal import Outcome, outcome_of, tell_and_ask
 from cifarflow.results.study import best_trials, load_studies
 
 

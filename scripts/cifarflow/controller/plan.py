@@ -274,7 +274,7 @@ def search_runs(config: dict, search: Search) -> dict[str, Run]:
     order: sampled where known (the config alone, or the round's record once asked),
     else placeholders of the base config until their round is asked."""
     from ..layout import round_record
-    from .search import read_record
+    from .study_journal import read_record
 
     runs: dict[str, Run] = {}
     for strategy in config["strategies"]:
