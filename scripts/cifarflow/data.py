@@ -197,7 +197,8 @@ def prepare_archive(source: str, dest_dir: Path, *, url: str = CIFAR_URL, md5: s
     """Bring the tarball for ``source`` (download | archive | synthetic) into dest_dir and
     record beside it where it came from (``fetch_record``). Whatever an earlier source left
     there goes first: a link to the user's archive is never written through."""
-    from .config import data_identity, fill_defaults, schema
+    from .config import data_identity
+    from .schema import fill_defaults, schema
 
     dest_dir.mkdir(parents=True, exist_ok=True)
     target = dest_dir / ARCHIVE_NAME

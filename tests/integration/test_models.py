@@ -7,7 +7,8 @@ import jsonschema
 import pytest
 
 from conftest import ROOT, metrics_of, spec, state_of, train
-from cifarflow.config import TrainConfig, schema
+from cifarflow.config import TrainConfig
+from cifarflow.schema import schema
 from cifarflow.engine.models import check_model
 
 EXAMPLE = "examples.my_model:small_cnn"  # examples/my_model.py, imported from ROOT

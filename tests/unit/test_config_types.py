@@ -1,7 +1,7 @@
 """Snakemake hands nested `--config` values over as strings; the workflow types them as the
 schema asks before validating, so `--config 'sweep={"lr": [0.1, 0.2]}'` plans."""
 
-from cifarflow.config import schema, typed_like_schema
+from cifarflow.schema import schema, typed_like_schema
 
 
 def test_strings_become_the_numbers_and_booleans_the_schema_asks_for():

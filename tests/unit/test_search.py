@@ -6,7 +6,8 @@ import math
 import jsonschema
 import pytest
 
-from cifarflow.config import schema, with_defaults
+from cifarflow.config import with_defaults
+from cifarflow.schema import schema
 from cifarflow.controller.plan import build_packs, build_runs, sweep_item_schemas
 from cifarflow.controller.search import Search
 from cifarflow.controller.study_journal import Outcome, outcome_of, tell_and_ask
@@ -189,7 +190,7 @@ def test_tpe_rounds_after_the_first_concentrate_around_the_best(tmp_path):
 
 def test_config_strings_are_typed_inside_the_space():
     """`--config 'sweep={"search": ...}'` hands numbers over as strings."""
-    from cifarflow.config import typed_like_schema
+    from cifarflow.schema import typed_like_schema
 
     typed = typed_like_schema({"sweep": {"search": {
         "space": {"lr": {"log_uniform": ["0.001", "1"]}, "batch_size": {"int": ["32", "64"]},

@@ -10,7 +10,7 @@ from snakemake.utils import validate
 SCRIPTS = Path(workflow.basedir) / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 
-from cifarflow.config import schema, typed_like_schema  # noqa: E402
+from cifarflow.schema import schema, typed_like_schema  # noqa: E402
 
 # --config hands nested values over as strings ('sweep={"lr": [0.1, 0.2]}'): typed first
 config.update(typed_like_schema(dict(config), schema()))

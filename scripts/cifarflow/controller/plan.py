@@ -263,7 +263,7 @@ def build_runs(config: dict) -> dict[str, Run]:
 
 def sweep_item_schemas() -> dict:
     """The schema of one value of each list a sweep crosses (what a search may sample)."""
-    from ..config import schema
+    from ..schema import schema
 
     props = schema()["properties"]["sweep"]["properties"]
     return {key: node["items"] for key, node in props.items() if "items" in node}
