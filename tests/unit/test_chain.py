@@ -11,7 +11,8 @@ import yaml
 from conftest import ROOT
 from cifarflow.controller.chain import Chain
 from cifarflow.config import with_defaults
-from cifarflow.controller.plan import build_packs, build_runs
+from cifarflow.controller.pack_plan import build_packs
+from cifarflow.controller.plan import build_runs
 
 BASE = with_defaults(yaml.safe_load((ROOT / "config" / "config.yaml").read_text()))
 

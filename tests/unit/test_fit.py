@@ -7,7 +7,8 @@ from cifarflow.controller.gpu_limits import gpu_share_warnings, gpu_slice_errors
 from cifarflow.controller.limits import check_fit, expand_hostlist, partition_capacity
 from cifarflow.controller.pending import PendingWatch, stuck_jobs
 from cifarflow.slurm import fields
-from cifarflow.controller.plan import build_packs, build_runs, share_gpus
+from cifarflow.controller.pack_plan import build_packs, share_gpus
+from cifarflow.controller.plan import build_runs
 from cifarflow.controller.packs import job_shapes
 
 PARTITIONS = """\

@@ -2,7 +2,8 @@
 says how a sweep split."""
 
 from cifarflow.config import with_defaults
-from cifarflow.controller.plan import build_packs, build_runs, describe_fusion, fuse_mode
+from cifarflow.controller.pack_plan import build_packs, describe_fusion, fuse_mode
+from cifarflow.controller.plan import build_runs
 
 
 def runs_of(sweep: dict, **train):

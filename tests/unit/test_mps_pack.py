@@ -13,7 +13,8 @@ from cifarflow.engine.gpu_monitor import visible_gpus
 from cifarflow.controller.limits import check_fit
 from cifarflow.job.mps_pack import GpuSlots, one_step
 from cifarflow.job.pack import run_pack
-from cifarflow.controller.plan import build_packs, build_runs, share_gpus
+from cifarflow.controller.pack_plan import build_packs, share_gpus
+from cifarflow.controller.plan import build_runs
 from cifarflow.controller.packs import job_shapes
 from cifarflow.controller.plan import PlanError
 from test_fit import partitions

@@ -8,7 +8,8 @@ import pytest
 
 from cifarflow.config import with_defaults
 from cifarflow.schema import schema
-from cifarflow.controller.plan import build_packs, build_runs, sweep_item_schemas
+from cifarflow.controller.pack_plan import build_packs
+from cifarflow.controller.plan import build_runs, sweep_item_schemas
 from cifarflow.controller.search import Search
 from cifarflow.controller.study_journal import Outcome, outcome_of, tell_and_ask
 from cifarflow.results.study import best_trials, load_studies

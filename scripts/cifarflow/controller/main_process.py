@@ -21,7 +21,8 @@ from .gpu_limits import gpu_share_warnings, gpu_slice_errors
 from .limits import check_fit, check_plan, read_limits, read_partitions
 from .packs import job_shapes
 from .pending import PendingWatch
-from .plan import check_user_models, describe_fusion
+from .pack_plan import describe_fusion
+from .plan import check_user_models
 from .progress import watch_progress
 
 # what a run's spec may change while its finished segments stand (segments.elastic)

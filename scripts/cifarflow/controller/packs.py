@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING
 from ..engine.strategies import get_strategy
 from ..engine.strategies.base import gpu_request
 from ..job.mps_daemon import mps_gpus
-from .plan import Pack, Run
+from .pack_plan import Pack
+from .plan import Run
 
 if TYPE_CHECKING:
     from .workflow import WorkflowPlan

@@ -54,23 +54,6 @@ def config_sections() -> tuple:
 
 
 @dataclass
-class Pack:
-    """Runs of one strategy and one request whose segment k one job trains at once: one
-    member per task (cpus_per_task cores, and a GPU where the strategy trains on one)."""
-    name: str
-    strategy: str
-    members: list                # run names, in plan order
-    member_resources: dict       # the request of one member (what each run asks alone)
-    segment_epochs: list
-    kind: str = "steps"          # how its job trains the members (workflow.PACK_KINDS)
-    fuse: str = ""               # fused: one process trains all (auto, vmap, loop); "": not
-    member_share_mb: int = 0     # fused: memory each further member adds to the process
-
-
-    per_gpu: int = 1             # members sharing one GPU through MPS (kind "mps")
-
-
-@dataclass
 class Run:
     name: str
     strategy: str
@@ -146,94 +129,6 @@ def plan_run(strategy: str, config: dict, swept: dict, name: str | None = None) 
     return Run(name, strategy, swept, cfg, job,
                segment_epochs=segment_targets(cfg.epochs, int(sections["segments"]["count"])),
                threads=int(res["cpus_per_task"]) * world, policy=policy)
-
-
-def packable(cls: type[Strategy]) -> bool:
-    """One process per run: a pack member is one task of the job (several processes per
-    member would need a step of their own geometry: those runs stay one job each)."""
-    return not cls.launched
-
-
-# what one fused model, its batches and its evaluation share (engine/fused.py)
-FUSE_KEYS = ("model", "model_args", "batch_size", "epochs", "amp", "channels_last", "augment",
-             "label_smoothing", "tta")
-
-
-def fuse_mode(setting) -> str:
-    """pack.fuse as a fusion: "" (off), auto (vmap on CUDA, loop on CPU), vmap or loop."""
-    return {False: "", True: "auto"}.get(setting, setting) if setting is not None else ""
-
-
-def fusable(run: Run) -> bool:
-    """A fused group holds the split in memory (the tensor loader)."""
-    return run.config.loader == "tensor"
-
-
-def build_packs(runs: dict[str, Run], runs_per_job: int, fuse: str = "",
-                member_share_mb: int = 250) -> dict[str, Pack]:
-    """Packs of at most ``runs_per_job`` runs, in plan order, of the same strategy, request
-    and segment plan (never a member in a job of the wrong size). Empty for 1. Fused packs
-    (``fuse``) also share what one fused model needs (FUSE_KEYS), and ask one member's
-    memory plus ``member_share_mb`` per further member; runs that cannot fuse (another
-    loader) form plain packs."""
-    if runs_per_job <= 1:
-        return {}
-    groups: dict[tuple, list[Run]] = {}
-    for run in runs.values():
-        if packable(run.strategy_class):
-            fused = bool(fuse) and fusable(run)
-            shape = tuple(repr(getattr(run.config, key)) for key in FUSE_KEYS) if fused else ()
-            key = (run.strategy, run.round, repr(sorted(run.resources.items())),
-                   tuple(run.segment_epochs), fused, shape)
-            groups.setdefault(key, []).append(run)
-    packs, count = {}, {}
-    for (strategy, r, _, _, fused, _), members in groups.items():
-        for i in range(0, len(members), runs_per_job):
-            chunk = members[i:i + runs_per_job]
-            n = count[strategy, r] = count.get((strategy, r), 0) + 1
-            name = f"{strategy}-r{r}-pack{n:03d}" if r else f"{strategy}-pack{n:03d}"
-            packs[name] = Pack(name, strategy, [r.name for r in chunk], dict(chunk[0].resources),
-                               list(chunk[0].segment_epochs), fuse=fuse if fused else "",
-                               member_share_mb=member_share_mb if fused else 0)
-    return packs
-
-
-def describe_fusion(runs: dict[str, Run], packs: dict[str, Pack]) -> str | None:
-    """One line for `snakemake -n`: how the fused packs split, and why."""
-    if not packs:
-        return None
-    fused = [p for p in packs.values() if p.fuse]
-    shapes: dict[str, int] = {}
-    for pack in fused:
-        cfg = runs[pack.members[0]].config
-        label = f"{cfg.model} bs {cfg.batch_size}"
-        shapes[label] = shapes.get(label, 0) + 1
-    plain = [p for p in packs.values() if not p.fuse]
-    line = (f"pack.fuse: {sum(len(p.members) for p in fused)} runs in {len(fused)} fused "
-            f"pack(s) ({'; '.join(f'{label}: {n}' for label, n in shapes.items()) or 'none'})")
-    if len(shapes) > 1:
-        line += "; runs of another model, batch size, epochs or amp fuse apart"
-    if plain:
-        line += (f"; {sum(len(p.members) for p in plain)} run(s) that cannot fuse (loader "
-                 f"torchvision) in {len(plain)} plain pack(s)")
-    return line
-
-
-def share_gpus(packs: dict[str, Pack], runs: dict[str, Run], per_gpu: int,
-               runs_per_job: int) -> dict[str, Pack]:
-    """pack.per_gpu: the packs of a one-GPU strategy (gpu) become MPS-shared packs (kind
-    "mps"), ``per_gpu`` members on each GPU; fused packs stay as they are."""
-    if per_gpu <= 1:
-        return packs
-    if runs_per_job <= 1:
-        raise ValueError(f"pack.per_gpu: {per_gpu} shares a GPU between the members of a pack: "
-                         "set pack.runs_per_job above 1")
-    for pack in packs.values():
-        first = runs[pack.members[0]]
-        if pack.kind == "steps" and not pack.fuse and \
-                first.strategy_class.gpus_per_node(first.config) == 1:
-            pack.kind, pack.per_gpu = "mps", per_gpu
-    return packs
 
 
 def build_runs(config: dict) -> dict[str, Run]:

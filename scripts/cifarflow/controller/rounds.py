@@ -12,7 +12,8 @@ from pathlib import Path
 
 from ..engine.checkpoint import read_manifest, read_metrics
 from ..layout import round_record, study_journal
-from .plan import build_packs, fuse_mode, plan_run, search_round_values, share_gpus
+from .pack_plan import build_packs, fuse_mode, share_gpus
+from .plan import plan_run, search_round_values
 from .search import Search
 from .study_journal import outcome_of, read_record, tell_and_ask
 

@@ -25,8 +25,8 @@ from ..layout import try_args
 from .chain import Chain
 from .main_process import MainProcess
 from .outputs import Outputs
-from .plan import (Pack, PlanError, Run, build_packs, build_runs, fuse_mode, share_gpus,
-                   sweep_item_schemas)
+from .pack_plan import Pack, build_packs, fuse_mode, share_gpus
+from .plan import PlanError, Run, build_runs, sweep_item_schemas
 from .rounds import SearchRounds
 from .rules import SegmentRules
 from .search import Search

@@ -90,7 +90,7 @@ class FusedGroup:
         k, n = out.shape[:2]
         if shared:
             y = y.expand(k, n)
-        smoothing = self.members[0].cfg.label_smoothing  # one for all (plan.FUSE_KEYS)
+        smoothing = self.members[0].cfg.label_smoothing  # one for all (pack_plan.FUSE_KEYS)
         if self.mode == "loop":  # member by member already: each loss summed as alone
             return out, torch.stack([F.cross_entropy(out[i].float(), y[i],
                                                      label_smoothing=smoothing)

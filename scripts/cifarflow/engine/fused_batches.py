@@ -27,7 +27,7 @@ class FusedBatches:
         self.channels_last = first.channels_last
         self.shared = share and len({(b.seed, b.rank, b.world_size, b.shuffle, b.augment)
                                      for b in member_batches}) == 1
-        self.augment = first.augment  # one for all members (plan.FUSE_KEYS)
+        self.augment = first.augment  # one for all members (pack_plan.FUSE_KEYS)
         self.per_member = False
 
     def __len__(self) -> int:
