@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEV_STAMP := $(VENV)/.installed-dev
 
-DEB_PACKAGES := slurmctld slurmd slurm-client munge iproute2 chromium
+DEB_PACKAGES := slurmctld slurmd slurm-client slurmdbd slurm-wlm-basic-plugins munge mariadb-server lmod e2fsprogs iproute2 chromium
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: run test test-fast lint debian-packages dry-run bench gpu-check tensorboard slurm-up slurm-down clean

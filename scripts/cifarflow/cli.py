@@ -142,6 +142,12 @@ def cmd_show(a) -> None:
     print(show(Path(a.results), top=a.top))
 
 
+def cmd_controller_job(a) -> None:
+    from .controller.controller_job import main as controller_job
+
+    controller_job(a, Path(__file__).resolve().parents[2])
+
+
 def cmd_mps_run(a) -> None:
     from .job.mps_daemon import run_with_mps
 
@@ -268,6 +274,20 @@ def parser() -> argparse.ArgumentParser:
                    "results/partial, or a summary.csv)")
     s.add_argument("--top", type=int, default=20, help="runs shown, most accurate first (0: all)")
     s.set_defaults(func=cmd_show)
+
+    c = sub.add_parser("controller-job", help="run the workflow's Snakemake as a 1-core Slurm "
+                       "job (not on the login node) and follow its log: controller-job "
+                       "[options] -- SNAKEMAKE_ARGS")
+    c.add_argument("--account", default="", help="who pays (default $SLURM_ACCOUNT; def-x "
+                   "becomes def-x_cpu where the site splits accounts)")
+    c.add_argument("--time", default=None, help="its time limit (default: the longest "
+                   "partition a 1-core job can be routed to)")
+    c.add_argument("--mem-mb", type=int, default=4000, help="its memory (MB)")
+    c.add_argument("--no-follow", action="store_true", help="submit and return")
+    c.add_argument("snakemake_args", nargs=argparse.REMAINDER,
+                   help="after --: snakemake's arguments (--profile profiles/slurm is added "
+                   "unless given)")
+    c.set_defaults(func=cmd_controller_job)
 
     sub.add_parser("launch", help="start N ranks with srun (Slurm) or torchrun: "
                    "launch --nproc N [--self-spawning] -- COMMAND")

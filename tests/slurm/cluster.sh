@@ -1,12 +1,21 @@
 #!/usr/bin/env bash
-# A Slurm cluster on this one machine, for tests and CI: the node of this host (partitions
-# debug, the default, which urgent preempts) and two more nodes, n1 and n2 (partition multi),
-# each a slurmd in its own network, UTS and mount namespace: its own address on a bridge,
-# its own hostname and its own node-local /localscratch (a folder of its own), as on a
-# real cluster.
+# A Slurm cluster on this one machine, for tests and CI, shaped like an Alliance (Compute
+# Canada) cluster: the node of this host and two more nodes, n1 and n2, each a slurmd in its
+# own network, UTS and mount namespace: its own address on a bridge, its own hostname and
+# its own node-local /localscratch (a folder of its own), as on a real cluster.
+# - Accounting in a real database: slurmdbd on MariaDB, associations enforced; the user is in
+#   accounts def-cifar_cpu and def-cifar_gpu (and root), MaxSubmitJobs on each association.
+# - No default partition: a submit plugin (job_submit.lua) routes a job that names none by
+#   its time limit and whether it asks GPUs (cpubase_bycore_b1/_b3, gpubase_bygpu_b1/_b3),
+#   and refuses a job without an account, a GPU job on a *_cpu account and a CPU job on a
+#   *_gpu one, as Alliance sites do. Two hidden partitions the tests name: urgent (this host,
+#   preempts the by-core ones) and multi (n1 and n2).
+# - Typed fake GPUs (gres on character devices this script makes): n1 has 2 a100 and one
+#   MIG-like a100_3g.20gb, n2 has 2 h100; nothing here has CUDA.
+# - Lmod with the modulefiles StdEnv/2023, python/3.11 and scipy-stack/2023b (which puts a
+#   numpy of its own on PYTHONPATH, as the real one does).
+# - /project: a 1 GiB loop-mounted ext4 filesystem, small enough to fill.
 # A task prolog sets SLURM_TMPDIR=/localscratch/<user>.<job>.0 as on Alliance clusters.
-# n1 and n2 also advertise 2 fake GPUs each (gres on character devices this script makes),
-# for tests of what GPU jobs request; nothing here has CUDA.
 #
 #   tests/slurm/cluster.sh start          # install (if needed), configure, start, wait until idle
 #   tests/slurm/cluster.sh stop           # stop what this script started (idempotent)
@@ -19,6 +28,7 @@
 #   SLURM_WAIT_S=60        how long `start` waits for the node to become idle
 #   SLURM_CLEAN=1          start slurmctld with -c (discard saved job state)
 #   SLURM_MEM_RESERVE_MB   memory kept back from RealMemory (default: 5%, min 256)
+#   PROJECT_MB=1024        size of the /project filesystem
 set -euo pipefail
 
 CONF_DIR=/etc/slurm
@@ -36,7 +46,21 @@ NET=10.77.0
 CTL_ADDR=$NET.1
 declare -A NODE_ADDR=([n1]=$NET.11 [n2]=$NET.12)
 HOSTS_TAG="# cifarflow test cluster"
-FAKE_GPUS=2  # per namespaced node: /dev/cifarflow-gpu0..1 (shared: this is one machine)
+# typed fake GPUs per namespaced node (type:count); the devices /dev/cifarflow-gpu0.. are
+# shared by the nodes: this is one machine
+declare -A NODE_GPUS=([n1]="a100:2 a100_3g.20gb:1" [n2]="h100:2")
+FAKE_DEVICES=3  # the most GPUs one node has
+ACCOUNT=def-cifar  # the test user's accounts: def-cifar_cpu and def-cifar_gpu
+MAX_SUBMIT=100     # MaxSubmitJobs of each of its associations
+DBD_CONF=$CONF_DIR/slurmdbd.conf
+DBD_PID=$RUN_DIR/slurmdbd.pid
+MARIADB_PID=/run/mysqld/cifarflow-mariadbd.pid  # ours: a server we did not start is used, never stopped
+DB_USER=slurm DB_PASS=cifarflow-test
+MODULES=/etc/lmod/modules  # on Lmod's default MODULEPATH (/etc/lmod/modulespath)
+SOFTWARE=/opt/cifarflow-software  # what the modules put on PATH / PYTHONPATH
+PROJECT=/project
+PROJECT_IMG=/var/tmp/cifarflow-project.img
+PROJECT_MB=${PROJECT_MB:-1024}
 MUNGE_PID=/run/munge/cifarflow-munged.pid  # ours: a munged we did not start is used, never stopped
 WAIT_S=${SLURM_WAIT_S:-60}
 
@@ -89,17 +113,86 @@ dump_logs() {
 
 fail() { log "ERROR: $*"; dump_logs; exit 1; }
 
+PACKAGES=(slurmctld slurmd slurm-client slurmdbd slurm-wlm-basic-plugins munge mariadb-server
+          lmod iproute2 e2fsprogs)
+
 install_packages() {
-    if command -v slurmctld >/dev/null && command -v slurmd >/dev/null \
-        && command -v sinfo >/dev/null && command -v munged >/dev/null \
-        && command -v ip >/dev/null; then
-        return 0
-    fi
-    log "installing slurm, munge and iproute2 packages"
+    local p missing=()
+    for p in "${PACKAGES[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+    (( ${#missing[@]} )) || return 0
+    log "installing ${missing[*]}"
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
-    apt-get install -y -qq slurmctld slurmd slurm-client munge iproute2 >/dev/null
+    apt-get install -y -qq "${missing[@]}" >/dev/null
     # Debian postinst may try to start services; without systemd they just fail. Fine.
+}
+
+# ---- accounting: MariaDB, slurmdbd, the associations
+sql() { mariadb --protocol=socket -u root "$@"; }
+
+start_mariadb() {
+    install -d -o mysql -g mysql -m 0755 /run/mysqld
+    if ! sql -e "select 1" >/dev/null 2>&1; then
+        [[ -d /var/lib/mysql/mysql ]] || mariadb-install-db --user=mysql >/dev/null \
+            || fail "mariadb-install-db failed"
+        log "starting mariadbd"
+        setsid /usr/sbin/mariadbd --user=mysql --pid-file="$MARIADB_PID" --skip-networking \
+            --innodb-buffer-pool-size=64M --innodb-lock-wait-timeout=900 \
+            >>"$LOG_DIR/mariadb.log" 2>&1 </dev/null &
+        local i
+        for i in $(seq 1 60); do sql -e "select 1" >/dev/null 2>&1 && break; sleep 0.5; done
+        sql -e "select 1" >/dev/null 2>&1 || fail "mariadbd does not answer"
+    fi
+    sql -e "CREATE USER IF NOT EXISTS '$DB_USER'@'localhost';
+            ALTER USER '$DB_USER'@'localhost' IDENTIFIED BY '$DB_PASS';
+            GRANT ALL ON slurm_acct_db.* TO '$DB_USER'@'localhost'; FLUSH PRIVILEGES;"
+}
+
+write_dbd_conf() {
+    install -m 0600 /dev/stdin "$DBD_CONF" <<DBD
+# Generated by tests/slurm/cluster.sh: the accounting daemon, on MariaDB (its socket)
+AuthType=auth/munge
+DbdHost=localhost
+DbdPort=6819
+SlurmUser=root
+PidFile=${DBD_PID}
+LogFile=${LOG_DIR}/slurmdbd.log
+DebugLevel=info
+StorageType=accounting_storage/mysql
+StorageHost=localhost
+StorageUser=${DB_USER}
+StoragePass=${DB_PASS}
+StorageLoc=slurm_acct_db
+DBD
+}
+
+start_slurmdbd() {
+    write_dbd_conf
+    if ! running slurmdbd "$DBD_PID"; then
+        log "starting slurmdbd"
+        /usr/sbin/slurmdbd || fail "slurmdbd failed to start"
+    fi
+    local i
+    for i in $(seq 1 60); do
+        sacctmgr -n show cluster >/dev/null 2>&1 && return 0
+        sleep 0.5
+    done
+    fail "slurmdbd does not answer (sacctmgr show cluster)"
+}
+
+# the cluster, the accounts and the user's associations, as an Alliance site sets them up
+# (sacctmgr -i: no prompt; "Nothing new added" when they exist already)
+add_associations() {
+    local user=${SUDO_USER:-$(id -un)}
+    sacctmgr -i add cluster local >/dev/null 2>&1 || true
+    sacctmgr -i add account "${ACCOUNT}_cpu" "${ACCOUNT}_gpu" Cluster=local \
+        Description="test allocation" Organization=cifarflow >/dev/null 2>&1 || true
+    sacctmgr -i add user "$user" Account="${ACCOUNT}_cpu,${ACCOUNT}_gpu" Cluster=local \
+        >/dev/null 2>&1 || true
+    sacctmgr -i modify user where name="$user" account="${ACCOUNT}_cpu,${ACCOUNT}_gpu" \
+        set MaxSubmitJobs="$MAX_SUBMIT" >/dev/null 2>&1 || true
+    sacctmgr -n -P show assoc where user="$user" format=Account | grep -q "${ACCOUNT}_gpu" \
+        || fail "sacctmgr: the associations of $user were not added"
 }
 
 start_munge() {
@@ -133,6 +226,92 @@ start_munge() {
     fail "munge round-trip (munge -n | unmunge) does not work"
 }
 
+node_gres() { # node -> gpu:a100:2,gpu:a100_3g.20gb:1
+    local t out=()
+    for t in ${NODE_GPUS[$1]}; do out+=("gpu:$t"); done
+    (IFS=,; echo "${out[*]}")
+}
+
+write_gres_conf() { # one line per node and type, on the fake devices
+    local n t type count first tmp
+    tmp=$(mktemp)
+    for n in $(node_names); do
+        first=0
+        for t in ${NODE_GPUS[$n]}; do
+            type=${t%%:*} count=${t##*:}
+            echo "NodeName=$n Name=gpu Type=$type File=/dev/cifarflow-gpu[$first-$(( first + count - 1 ))]" >>"$tmp"
+            first=$(( first + count ))
+        done
+    done
+    install -m 0644 "$tmp" "$CONF_DIR/gres.conf"; rm -f "$tmp"
+}
+
+# the submit plugin: what Alliance sites check and decide when a job is submitted
+write_job_submit() {
+    install -m 0644 /dev/stdin "$CONF_DIR/job_submit.lua" <<'LUA'
+-- Generated by tests/slurm/cluster.sh: routing and account checks as on Alliance clusters.
+-- A job that names no partition goes to the first partition of its kind (CPU or GPU) whose
+-- MaxTime holds its time limit; a job without an account is refused, and so is a GPU job on
+-- a *_cpu account or a CPU job on a *_gpu one (each allocation pays for one kind).
+local ROUTES = {
+  cpu = {{180, "cpubase_bycore_b1"}, {1440, "cpubase_bycore_b3"}},
+  gpu = {{180, "gpubase_bygpu_b1"}, {1440, "gpubase_bygpu_b3"}},
+}
+local DEFAULT_MINUTES = 60
+
+local function asks_gpus(job)
+  for _, field in ipairs({"tres_per_node", "tres_per_job", "tres_per_task", "tres_per_socket"}) do
+    local value = job[field]
+    if value ~= nil and string.find(value, "gpu") then return true end
+  end
+  return false
+end
+
+function slurm_job_submit(job, part_list, submit_uid)
+  local kind = asks_gpus(job) and "gpu" or "cpu"
+  local account = job.account
+  if account == nil or account == "" then
+    slurm.log_user("You must specify an account for your job: --account=def-<PI>_cpu for "
+                   .. "CPU jobs, --account=def-<PI>_gpu for GPU jobs (sacctmgr show assoc "
+                   .. "user=$USER lists yours)")
+    return slurm.ERROR
+  end
+  if kind == "gpu" and string.match(account, "_cpu$") then
+    slurm.log_user("Account " .. account .. " is for CPU jobs; this job asks GPUs: submit it with "
+                   .. string.gsub(account, "_cpu$", "_gpu"))
+    return slurm.ERROR
+  end
+  if kind == "cpu" and string.match(account, "_gpu$") then
+    slurm.log_user("Account " .. account .. " is for GPU jobs; this job asks no GPU: submit it with "
+                   .. string.gsub(account, "_gpu$", "_cpu"))
+    return slurm.ERROR
+  end
+  if job.partition == nil or job.partition == "" then
+    local minutes = job.time_limit
+    if minutes == nil or minutes == slurm.NO_VAL or minutes == 0 then minutes = DEFAULT_MINUTES end
+    for _, route in ipairs(ROUTES[kind]) do
+      if minutes <= route[1] then
+        job.partition = route[2]
+        slurm.log_info("job_submit.lua: %s job of %d min -> %s", kind, minutes, route[2])
+        return slurm.SUCCESS
+      end
+    end
+    slurm.log_user(string.format("No partition takes a %s job of %d minutes: the longest "
+                                 .. "takes %d minutes", kind, minutes,
+                                 ROUTES[kind][#ROUTES[kind]][1]))
+    return slurm.ERROR
+  end
+  return slurm.SUCCESS
+end
+
+function slurm_job_modify(job, job_rec, part_list, modify_uid)
+  return slurm.SUCCESS
+end
+
+return slurm.SUCCESS
+LUA
+}
+
 write_conf() { # -> prints "changed" if slurm.conf content changed
     local cpus sockets cores threads mem reserve realmem defmem tmp n hw
     # `slurmd -C` reports what slurmd itself will detect; use it so the node is not
@@ -153,6 +332,8 @@ write_conf() { # -> prints "changed" if slurm.conf content changed
     # memory under CR_*_Memory, so nothing else could run next to it.
     defmem=$(( realmem / cpus ))
     (( defmem > 1024 )) && defmem=1024
+    local gpu_nodes
+    gpu_nodes=$(node_names | xargs | tr ' ' ,)
     local hwspec="CPUs=${cpus} Boards=1 SocketsPerBoard=${sockets} CoresPerSocket=${cores} ThreadsPerCore=${threads} RealMemory=${realmem}"
 
     tmp=$(mktemp)
@@ -197,8 +378,15 @@ SchedulerType=sched/backfill
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
 DefMemPerCPU=${defmem}
-# no accounting
-AccountingStorageType=accounting_storage/none
+# accounting in slurmdbd (MariaDB), associations and their limits enforced: a job needs an
+# account the user is in (sacct, sacctmgr answer)
+AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost=localhost
+AccountingStoragePort=6819
+AccountingStorageEnforce=associations,limits,qos
+AccountingStorageTRES=gres/gpu,gres/gpu:a100,gres/gpu:a100_3g.20gb,gres/gpu:h100
+# what Alliance sites do at submission: route by time limit and GPUs, check the account
+JobSubmitPlugins=lua
 # memory is enforced, as on a production cluster: a step above its request is killed
 # (OUT_OF_MEMORY); polling /proc, since one cgroup tree cannot serve three slurmds here
 JobAcctGatherType=jobacct_gather/linux
@@ -207,28 +395,33 @@ JobAcctGatherParams=OverMemoryKill
 JobCompType=jobcomp/none
 MailProg=/bin/true
 # nodes: this host, and n1/n2 in their namespaces (each advertises this machine's cores,
-# and n1/n2 fake GPUs: gres.conf)
+# and n1/n2 typed fake GPUs: gres.conf)
 GresTypes=gpu
 SlurmdParameters=config_overrides
 NodeName=${SHORT} NodeAddr=${CTL_ADDR} ${hwspec} State=UNKNOWN
 CONF
     for n in $(node_names); do
-        echo "NodeName=$n NodeAddr=${NODE_ADDR[$n]} ${hwspec} Gres=gpu:${FAKE_GPUS} State=UNKNOWN" >>"$tmp"
+        echo "NodeName=$n NodeAddr=${NODE_ADDR[$n]} ${hwspec} Gres=$(node_gres "$n") State=UNKNOWN" >>"$tmp"
     done
     cat >>"$tmp" <<CONF
-# preemption: a job of 'urgent' requeues the jobs of 'debug' it needs room from, after
-# SIGTERM and a grace time (what a shared cluster does to a low-priority job)
+# partitions as Alliance names them, none the default: the submit plugin places a job that
+# names none (job_submit.lua); each has its MaxTime. A job of 'urgent' requeues the jobs of
+# the by-core partitions it needs room from, after SIGTERM and a grace time (what a shared
+# cluster does to a low-priority job). urgent and multi are hidden: only tests name them.
 PreemptType=preempt/partition_prio
 PreemptMode=REQUEUE
-PartitionName=debug Nodes=${SHORT} Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO PriorityTier=1 GraceTime=20
-PartitionName=urgent Nodes=${SHORT} Default=NO MaxTime=INFINITE State=UP OverSubscribe=NO PriorityTier=2 PreemptMode=OFF
-PartitionName=multi Nodes=$(node_names | tr ' ' ,) Default=NO MaxTime=INFINITE State=UP OverSubscribe=NO PriorityTier=1
-# a time limit, for the plan's check against the cluster's limits
-PartitionName=short Nodes=${SHORT} Default=NO MaxTime=5 State=UP OverSubscribe=NO PriorityTier=1
+PartitionName=cpubase_bycore_b1 Nodes=${SHORT} Default=NO DefaultTime=60 MaxTime=3:00:00 State=UP OverSubscribe=NO PriorityTier=1 GraceTime=20
+PartitionName=cpubase_bycore_b3 Nodes=${SHORT},${gpu_nodes} Default=NO DefaultTime=60 MaxTime=1-00:00:00 State=UP OverSubscribe=NO PriorityTier=1 GraceTime=20
+PartitionName=gpubase_bygpu_b1 Nodes=${gpu_nodes} Default=NO DefaultTime=60 MaxTime=3:00:00 State=UP OverSubscribe=NO PriorityTier=1
+PartitionName=gpubase_bygpu_b3 Nodes=${gpu_nodes} Default=NO DefaultTime=60 MaxTime=1-00:00:00 State=UP OverSubscribe=NO PriorityTier=1
+PartitionName=urgent Nodes=${SHORT} Default=NO Hidden=YES MaxTime=INFINITE State=UP OverSubscribe=NO PriorityTier=2 PreemptMode=OFF
+PartitionName=multi Nodes=${gpu_nodes} Default=NO Hidden=YES MaxTime=INFINITE State=UP OverSubscribe=NO PriorityTier=1
 CONF
     install -d -m 0755 "$CONF_DIR"
-    echo "NodeName=$(node_names | tr ' ' ,) Name=gpu File=/dev/cifarflow-gpu[0-$(( FAKE_GPUS - 1 ))]" \
-        | install -m 0644 /dev/stdin "$CONF_DIR/gres.conf"
+    write_gres_conf
+    write_job_submit
+    # the daemons read gres.conf at start: a change to it restarts them, as slurm.conf's does
+    echo "# gres.conf: $(md5sum <"$CONF_DIR/gres.conf" | cut -c1-32)" >>"$tmp"
     install -m 0755 /dev/stdin "$CONF_DIR/cifarflow-task-prolog.sh" <<PROLOG
 #!/bin/sh
 # what Alliance clusters give every task: a node-local SLURM_TMPDIR
@@ -246,6 +439,56 @@ EPILOG
         install -m 0644 "$tmp" "$CONF"; rm -f "$tmp"
         echo changed
     fi
+}
+
+# ---- Lmod's modules, as an Alliance cluster's StdEnv gives them (the login shell and every
+# job: /etc/profile.d/lmod.sh defines `module`)
+write_modules() {
+    local py site
+    py=$(command -v python3)
+    install -d "$SOFTWARE/python/3.11/bin" "$MODULES/StdEnv" "$MODULES/python" "$MODULES/scipy-stack"
+    ln -sf "$py" "$SOFTWARE/python/3.11/bin/python"
+    ln -sf "$py" "$SOFTWARE/python/3.11/bin/python3"
+    # scipy-stack puts its own numpy on PYTHONPATH: a job that keeps the login shell's
+    # PYTHONPATH imports it ahead of its venv's
+    site=$SOFTWARE/scipy-stack/2023b/lib/python3.11/site-packages
+    install -d "$site/numpy"
+    echo '__version__ = "1.0.0+scipy-stack-2023b"  # the module'"'"'s numpy, not a venv'"'"'s' \
+        >"$site/numpy/__init__.py"
+    cat >"$MODULES/StdEnv/2023.lua" <<LUA
+help([[The standard environment of the test cluster (tests/slurm/cluster.sh)]])
+setenv("CC_CLUSTER", "cifarflow-test")
+setenv("EBVERSIONSTDENV", "2023")
+LUA
+    cat >"$MODULES/python/3.11.lua" <<LUA
+help([[Python 3.11 (this machine's python3)]])
+depends_on("StdEnv/2023")
+prepend_path("PATH", "$SOFTWARE/python/3.11/bin")
+setenv("EBVERSIONPYTHON", "3.11")
+LUA
+    cat >"$MODULES/scipy-stack/2023b.lua" <<LUA
+help([[numpy and friends on PYTHONPATH, as the real scipy-stack module does]])
+depends_on("python/3.11")
+prepend_path("PYTHONPATH", "$site")
+setenv("EBVERSIONSCIPYMINSTACK", "2023b")
+LUA
+}
+
+# ---- /project: a small filesystem of its own (a loop-mounted image), before the nodes
+# start: their mount namespaces see what is mounted then
+mount_project() {
+    mountpoint -q "$PROJECT" && return 0
+    install -d -m 0755 "$PROJECT"
+    if [[ ! -s $PROJECT_IMG ]]; then
+        truncate -s "${PROJECT_MB}M" "$PROJECT_IMG"
+        mkfs.ext4 -q -F -m 0 "$PROJECT_IMG" || fail "mkfs.ext4 of $PROJECT_IMG failed"
+    fi
+    mount -o loop "$PROJECT_IMG" "$PROJECT" || fail "cannot loop-mount $PROJECT_IMG on $PROJECT"
+    chmod 1777 "$PROJECT"
+}
+
+unmount_project() {
+    mountpoint -q "$PROJECT" && umount -l "$PROJECT" 2>/dev/null || true
 }
 
 # ---- the namespaced nodes' network: a bridge in this namespace, one veth per node
@@ -271,7 +514,7 @@ make_network() {
             || echo "${NODE_ADDR[$n]} $n $HOSTS_TAG" >>/etc/hosts
     done
     install -d -m 1777 "$SCRATCH"
-    for (( i = 0; i < FAKE_GPUS; i++ )); do
+    for (( i = 0; i < FAKE_DEVICES; i++ )); do
         [[ -c /dev/cifarflow-gpu$i ]] || mknod "/dev/cifarflow-gpu$i" c 1 3  # like /dev/null
     done
 }
@@ -374,10 +617,16 @@ start_daemons() {
 cmd_start() {
     need_root
     install_packages
+    install -d -m 0755 "$LOG_DIR" "$RUN_DIR"
     start_munge
+    write_modules
+    mount_project
     make_network
     local changed
-    changed=$(write_conf)
+    changed=$(write_conf)  # first: sacctmgr finds slurmdbd through slurm.conf
+    start_mariadb
+    start_slurmdbd
+    add_associations
     if [[ $changed == changed ]] && running slurmctld "$CTLD_PID"; then
         log "slurm.conf changed; restarting slurm daemons"
         stop_slurm
@@ -425,6 +674,9 @@ cmd_stop() {
     stop_slurm
     for n in $(node_names); do cmd_kill_node "$n" >/dev/null 2>&1; done  # jobs left there
     remove_network
+    unmount_project
+    kill_and_wait slurmdbd "$DBD_PID"
+    kill_and_wait mariadbd "$MARIADB_PID"
     kill_and_wait munged "$MUNGE_PID"
     log "stopped"
 }

@@ -17,14 +17,14 @@ import pytest
 from conftest import (ROOT, SLURM_RUNS, assert_bit_identical, cancel_slurm_jobs, cli,
                       slurm_job_prefix, slurm_jobs, snakemake, start_snakemake, state_of,
                       summary_rows, train_until_saved, training_spec)
+from alliance import CPU_ACCOUNT
 from cifarflow.engine import checkpoint as ckpt
 from cifarflow.slurm import fields
 
 pytestmark = pytest.mark.slurm
 CONFIG = ROOT / "tests" / "configs" / "slurm" / "config.yaml"
 STRATEGIES = ("cpu", "ddp", "fsdp", "lightning")
-FAST_POLLING = ["--slurm-status-command", "squeue", "--slurm-init-seconds-before-status-checks",
-                "1", "--seconds-between-status-checks", "1", "--latency-wait", "5"]
+FAST_POLLING = ["--slurm-init-seconds-before-status-checks", "1", "--seconds-between-status-checks", "1", "--latency-wait", "5"]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -252,7 +252,7 @@ def test_a_segment_reads_its_jobs_end_and_queue_wait_from_what_the_job_kept(tmp_
                     "from cifarflow.engine.usage import queue_wait_s\n"
                     "print(slurm_end_time(), queue_wait_s())\n")
     jobid = subprocess.run(
-        ["sbatch", "--parsable", "--time=7", "--mem=1500", f"--output={out}", "--begin=now+2",
+        ["sbatch", "--parsable", "-A", CPU_ACCOUNT, "--time=7", "--mem=1500", f"--output={out}", "--begin=now+2",
          f"--job-name={slurm_job_prefix(tmp_path)}_facts", "--wrap",
          f"PYTHONPATH={ROOT / 'scripts'} {sys.executable} {job} {rank}"],
         capture_output=True, text=True, check=True).stdout.strip()
@@ -284,7 +284,8 @@ def preempt(workdir, jobid: str, ranks: int = 1) -> str:
     freeze_training(jobid, ranks)
     cpus = subprocess.run(["sinfo", "-h", "-p", "urgent", "-o", "%c"], capture_output=True,
                           text=True).stdout.split()[0]
-    return subprocess.run(["sbatch", "--parsable", "-p", "urgent", f"--cpus-per-task={cpus}",
+    return subprocess.run(["sbatch", "--parsable", "-A", CPU_ACCOUNT, "-p", "urgent",
+                           f"--cpus-per-task={cpus}",
                            "--mem=500", "--output=/dev/null",
                            f"--job-name={slurm_job_prefix(workdir)}_urgent", "--wrap", "sleep 2"],
                           capture_output=True, text=True, check=True).stdout.strip()
@@ -410,7 +411,7 @@ def test_a_test_finds_only_its_own_jobs_and_its_leftovers_are_cancelled(tmp_path
     other.mkdir()
 
     def submit(workdir, script):
-        return subprocess.run(["sbatch", "--parsable", "--mem=100", "--output=/dev/null",
+        return subprocess.run(["sbatch", "--parsable", "-A", CPU_ACCOUNT, "--mem=100", "--output=/dev/null",
                                f"--job-name={slurm_job_prefix(workdir)}_probe",
                                "--comment=rule_train_cpu_wildcards_cpu_1", "--wrap", script],
                               capture_output=True, text=True, check=True).stdout.strip()

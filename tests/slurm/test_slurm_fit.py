@@ -1,4 +1,4 @@
-"""Jobs that can never start, on the test cluster (partition debug: one node of 2 CPUs):
+"""Jobs that can never start, on the test cluster (partition cpubase_bycore_b1: one node of 2 CPUs):
 refused at `snakemake -n`, and named while the workflow waits for one that was submitted."""
 
 import re
@@ -11,6 +11,7 @@ import time
 import pytest
 
 from conftest import ENV, ROOT, SLURM_RUNS, slurm_job_prefix, snakemake, snakemake_command
+from alliance import CPU_ACCOUNT
 from test_slurm import job_state, profile_args
 
 pytestmark = pytest.mark.slurm
@@ -19,14 +20,14 @@ CONFIG = ROOT / "tests" / "configs" / "slurm" / "config.yaml"
 
 def test_a_pack_too_wide_for_the_partition_is_refused_at_the_dry_run(tmp_path):
     wide = tmp_path / "wide.yaml"
-    wide.write_text("slurm: {partition: debug}\nresources: {cpus_per_task: 1, mem_mb: 1000}\n"
+    wide.write_text("slurm: {partition: cpubase_bycore_b1}\nresources: {cpus_per_task: 1, mem_mb: 1000}\n"
                     "sweep: {lr: [0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.07, 0.08]}\n"
                     "pack: {runs_per_job: 8}\n")
     out = snakemake(tmp_path, "-n", "--profile", ROOT / "profiles/slurm", check=False,
                     configfile=[CONFIG, wide])
     text = out.stdout + out.stderr
     line = ("pack cpu-pack001 (8 runs) asks 8 task(s) of 1 CPU(s), 1000 MB per CPU, and "
-            "partition debug can ever give one job 2 such task(s) (1 node(s): ")
+            "partition cpubase_bycore_b1 can ever give one job 2 such task(s) (1 node(s): ")
     assert out.returncode != 0 and text.count(line) == 1, text[-3000:]
     assert "it would wait forever; set pack.runs_per_job: 2, or another partition" in text
     fits = tmp_path / "fits.yaml"
@@ -41,7 +42,7 @@ def test_a_pending_job_that_will_never_start_is_named_once(tmp_path):
     for DependencyNeverSatisfied, and the controller names it, once, within seconds, and
     not again over its next three looks (counted: squeue is wrapped to log its calls)."""
     prefix = slurm_job_prefix(tmp_path)  # the cleanup fixture cancels what is left of them
-    failed = subprocess.run(["sbatch", "--parsable", "-p", "debug", "-J", f"{prefix}_fails",
+    failed = subprocess.run(["sbatch", "--parsable", "-A", CPU_ACCOUNT, "-J", f"{prefix}_fails",
                              "-D", str(tmp_path), "--wrap", "false"], capture_output=True,
                             text=True, check=True).stdout.strip()
     deadline = time.time() + 120
@@ -54,10 +55,10 @@ def test_a_pending_job_that_will_never_start_is_named_once(tmp_path):
     wrapper.write_text(f'#!/bin/sh\necho "$*" >> {looks}\nexec {shutil.which("squeue")} "$@"\n')
     wrapper.chmod(0o755)
     extra = tmp_path / "extra.yaml"
-    extra.write_text(f'slurm: {{partition: debug, extra: "--dependency=afterok:{failed}", '
+    extra.write_text(f'slurm: {{partition: cpubase_bycore_b1, extra: "--dependency=afterok:{failed}", '
                      "pending_check_s: 1}\n")
     proc = subprocess.Popen(
-        snakemake_command(tmp_path, *profile_args(tmp_path), "--slurm-status-command", "squeue",
+        snakemake_command(tmp_path, *profile_args(tmp_path),
                           configfile=[CONFIG, extra]),
         env={**ENV, "PATH": f"{wrapper.parent}:{ENV['PATH']}"}, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True)
@@ -66,7 +67,7 @@ def test_a_pending_job_that_will_never_start_is_named_once(tmp_path):
     reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
     reader.start()
     pattern = re.compile(r"Slurm job (\d+) \(([^)]+)\) is pending for DependencyNeverSatisfied "
-                         r"in partition debug: a job it depends on failed; it will not start "
+                         r"in partition cpubase_bycore_b1: a job it depends on failed; it will not start "
                          r"by itself: scancel \1")
 
     def watch_looks() -> int:

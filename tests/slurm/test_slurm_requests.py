@@ -11,6 +11,7 @@ import re
 import pytest
 
 from conftest import summary_rows
+from alliance import GPU_ACCOUNT
 from test_slurm import job_state, slurm, submitted
 
 pytestmark = pytest.mark.slurm
@@ -131,7 +132,7 @@ def test_each_rank_of_a_gpu_job_is_bound_to_its_own_gpu(tmp_path):
     script = (f"{launch} --gpus-per-task 1 -- bash -c '{show}'; echo ---; "
               f"{launch} -- bash -c '{show}'")
     out = tmp_path / "job.out"
-    subprocess.run(["sbatch", "--wait", "-p", "multi", "-N1", "-n2", "--gres=gpu:2",
+    subprocess.run(["sbatch", "--wait", "-A", GPU_ACCOUNT, "-p", "multi", "-N1", "-n2", "--gres=gpu:2",
                     "--mem=1000", "-J", f"{tmp_path.name}-gpubind", "-o", str(out),
                     "--wrap", script], check=True, capture_output=True, timeout=300,
                    env={**ENV, "PYTHONPATH": str(ROOT / "scripts")}, cwd=tmp_path)

@@ -15,6 +15,7 @@ from cifarflow.engine import checkpoint as ckpt
 from cifarflow.job import takeover
 from cifarflow.job import tries
 from cifarflow.slurm import PENDING_FORMAT
+from alliance import CPU_ACCOUNT
 from test_slurm import CONFIG, job_state, slurm, start_long_segment, submitted
 
 pytestmark = pytest.mark.slurm
@@ -58,7 +59,7 @@ def test_a_rerun_after_the_controller_died_takes_over_the_live_job(tmp_path):
 
 
 def sbatch(*args) -> str:
-    return subprocess.run(["sbatch", "--parsable", "-p", "debug", "--mem", "50", "-o",
+    return subprocess.run(["sbatch", "--parsable", "-A", CPU_ACCOUNT, "--mem", "50", "-o",
                            "/dev/null", *args], capture_output=True, text=True,
                           check=True).stdout.strip()
 

@@ -1,0 +1,134 @@
+"""The controller as a Slurm job of its own (`cifarflow controller-job`): a sweep's Snakemake
+runs for days, re-plans after every checkpoint and aggregates at the end, which sites do not
+want on a login node (they cap its CPU and memory). This submits that Snakemake as a 1-core
+long job that submits the training jobs itself (sbatch works from inside a job; the executor
+plugin drops the job's SLURM_* variables first), then follows its log on the terminal until
+it ends and exits with its status. Ctrl-C stops the following, not the workflow. No torch.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from .. import slurm
+from .accounts import job_accounts
+from .limits import slurm_minutes
+
+JOB_NAME = "cifarflow-controller"
+LOG_DIR = ".snakemake/controller"  # beside Snakemake's own logs, in the working directory
+DEFAULT_MEM_MB = 4000  # Snakemake's DAG of a 1000-run sweep and the aggregation's tables
+FINISHED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL",
+            "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
+
+
+def longest_cpu_time(partitions: list[dict]) -> str | None:
+    """The longest MaxTime of the partitions a 1-core job can be routed to (up, not hidden,
+    with a node without GPUs), in Slurm's format; None where none says."""
+    best, text = -1.0, None
+    for record in partitions:
+        if record.get("State", "UP") != "UP" or record.get("Hidden") == "YES":
+            continue
+        minutes = slurm_minutes(record.get("MaxTime", ""))
+        if minutes is None:
+            return None  # unlimited: the partition's default time is the job's
+        if minutes > best:
+            best, text = minutes, record["MaxTime"]
+    return text
+
+
+def snakemake_argv(args: list[str], basedir: Path, bin_dir: Path) -> list[str]:
+    """The controller's command: this environment's snakemake with the user's arguments, and
+    the workflow's Slurm profile unless they name a profile."""
+    argv = [str(bin_dir / "snakemake"), *args]
+    if not any(a == "--profile" or a.startswith("--profile=") for a in args):
+        argv[1:1] = ["--profile", str(basedir / "profiles" / "slurm")]
+    return argv
+
+
+def sbatch_argv(command: list[str], *, account: str, time_limit: str | None, mem_mb: int,
+                workdir: Path, log: Path) -> list[str]:
+    """One 1-core job running the controller in the working directory, its output in `log`."""
+    argv = ["sbatch", "--parsable", f"--job-name={JOB_NAME}", "--ntasks=1",
+            "--cpus-per-task=1", f"--mem={mem_mb}", f"--chdir={workdir}",
+            f"--output={log}", "--open-mode=append"]
+    if account:
+        argv.append(f"--account={account}")
+    if time_limit:
+        argv.append(f"--time={time_limit}")
+    # exec: Slurm's signals (time limit, scancel) reach Snakemake itself, which then stops
+    # and leaves its jobs as a lost login session would (docs/slurm.md)
+    return argv + ["--wrap", "exec " + shlex.join(command)]
+
+
+def follow(job: str, log: Path, out=sys.stdout, poll_s: float = 2.0,
+           state_of=slurm.job_state) -> str:
+    """Print the controller's log as it grows until its job has ended; its final state."""
+    offset = 0
+    while True:
+        state = state_of(job)
+        if log.is_file():
+            with open(log, errors="replace") as f:
+                f.seek(offset)
+                text = f.read()
+                offset = f.tell()
+            if text:
+                out.write(text)
+                out.flush()
+        if state in FINISHED:
+            return state
+        time.sleep(poll_s)
+
+
+def submit(args: list[str], *, account: str, time_limit: str | None, mem_mb: int,
+           basedir: Path, workdir: Path, bin_dir: Path, follow_log: bool = True) -> int:
+    """Submit the controller job; follow it where asked. The exit status: 0 when the
+    workflow ended well (or was only submitted), 1 when its job did not."""
+    if time_limit is None:
+        time_limit = longest_cpu_time(slurm.records("partition"))
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    log = (workdir / LOG_DIR / f"controller-{stamp}.log").resolve()
+    log.parent.mkdir(parents=True, exist_ok=True)
+    command = snakemake_argv(args, basedir, bin_dir)
+    reply = slurm.ask(sbatch_argv(command, account=account, time_limit=time_limit,
+                                  mem_mb=mem_mb, workdir=workdir.resolve(), log=log))
+    if not reply.ok:
+        print(f"cifarflow controller-job: sbatch refused the controller job: {reply.detail}",
+              file=sys.stderr)
+        return 1
+    job = reply.stdout.strip().split(";")[0]
+    print(f"[controller-job] Slurm job {job} runs the workflow: {shlex.join(command)}\n"
+          f"[controller-job] its log: {log}\n"
+          f"[controller-job] scancel {job} stops it (its training jobs stay, as after a lost "
+          "login session; run this again to take them over)", flush=True)
+    if not follow_log:
+        return 0
+    try:
+        state = follow(job, log)
+    except KeyboardInterrupt:
+        print(f"\n[controller-job] no longer following job {job}; it goes on (tail -f {log})")
+        return 0
+    print(f"[controller-job] Slurm job {job} ended {state}", flush=True)
+    return 0 if state == "COMPLETED" else 1
+
+
+def cpu_account(given: str, user: str) -> str:
+    """The account a 1-core job goes to, as the plan maps every job's (accounts.py): def-x is
+    def-x_cpu where the site splits them; raises ValueError where sbatch would refuse it."""
+    listed = slurm.user_accounts(user)
+    if listed is None:  # no accounting: sbatch and the site decide
+        return given
+    return job_accounts(given, listed, {False})[0][False]
+
+
+def main(args, basedir: Path) -> None:
+    """`cifarflow controller-job`: the CLI's arguments, parsed."""
+    account = cpu_account(args.account or os.environ.get("SLURM_ACCOUNT", ""),
+                          os.environ.get("USER", ""))
+    rest = args.snakemake_args[1:] if args.snakemake_args[:1] == ["--"] else args.snakemake_args
+    sys.exit(submit(rest, account=account, time_limit=args.time,
+                    mem_mb=args.mem_mb, basedir=basedir, workdir=Path.cwd(),
+                    bin_dir=Path(sys.executable).parent, follow_log=not args.no_follow))

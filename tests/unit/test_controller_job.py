@@ -1,0 +1,61 @@
+"""`cifarflow controller-job`: the controller's own job (1 core, the longest time a routed
+1-core job may have, the workflow's profile) and the follower that prints its log."""
+
+import io
+from pathlib import Path
+
+from cifarflow.controller.controller_job import (follow, longest_cpu_time, sbatch_argv,
+                                                 snakemake_argv)
+
+# partitions as `scontrol -a -o show partition` gives them on an Alliance-shaped site
+PARTITIONS = [
+    {"PartitionName": "cpubase_bycore_b1", "MaxTime": "03:00:00", "Hidden": "NO", "State": "UP"},
+    {"PartitionName": "cpubase_bycore_b3", "MaxTime": "1-00:00:00", "Hidden": "NO", "State": "UP"},
+    {"PartitionName": "cpubase_bycore_b5", "MaxTime": "7-00:00:00", "Hidden": "NO",
+     "State": "DOWN"},
+    {"PartitionName": "urgent", "MaxTime": "UNLIMITED", "Hidden": "YES", "State": "UP"},
+]
+
+
+def test_the_controller_asks_the_longest_time_of_a_partition_it_can_be_routed_to():
+    assert longest_cpu_time(PARTITIONS) == "1-00:00:00"  # not the hidden nor the down one
+    assert longest_cpu_time(PARTITIONS + [{"MaxTime": "UNLIMITED", "State": "UP"}]) is None
+    assert longest_cpu_time([]) is None
+
+
+def test_the_controller_runs_this_environments_snakemake_with_the_slurm_profile():
+    base, bin_dir = Path("/w"), Path("/venv/bin")
+    assert snakemake_argv(["-n"], base, bin_dir) == [
+        "/venv/bin/snakemake", "--profile", "/w/profiles/slurm", "-n"]
+    mine = ["--profile=/mine", "all"]
+    assert snakemake_argv(mine, base, bin_dir) == ["/venv/bin/snakemake", *mine]
+
+
+def test_the_controller_job_is_one_core_with_its_account_time_and_log():
+    argv = sbatch_argv(["/venv/bin/snakemake", "--configfile", "my config.yaml"],
+                       account="def-x_cpu", time_limit="1-00:00:00", mem_mb=4000,
+                       workdir=Path("/w"), log=Path("/w/.snakemake/controller/c.log"))
+    assert argv[:9] == ["sbatch", "--parsable", "--job-name=cifarflow-controller",
+                        "--ntasks=1", "--cpus-per-task=1", "--mem=4000", "--chdir=/w",
+                        "--output=/w/.snakemake/controller/c.log", "--open-mode=append"]
+    assert "--account=def-x_cpu" in argv and "--time=1-00:00:00" in argv
+    assert argv[-2:] == ["--wrap", "exec /venv/bin/snakemake --configfile 'my config.yaml'"]
+    bare = sbatch_argv(["s"], account="", time_limit=None, mem_mb=1, workdir=Path("/w"),
+                       log=Path("/l"))
+    assert not any(a.startswith(("--account", "--time")) for a in bare)
+
+
+def test_the_follower_prints_the_log_as_it_grows_and_returns_the_final_state(tmp_path):
+    log = tmp_path / "c.log"
+    states = iter(["PENDING", "RUNNING", "RUNNING", "COMPLETED"])
+    written = iter(["", "Building DAG\n", "1 of 2 steps\n", "2 of 2 steps (100%) done\n"])
+
+    def state_of(job):
+        assert job == "42"
+        with open(log, "a") as f:
+            f.write(next(written))
+        return next(states)
+
+    out = io.StringIO()
+    assert follow("42", log, out=out, poll_s=0, state_of=state_of) == "COMPLETED"
+    assert out.getvalue() == "Building DAG\n1 of 2 steps\n2 of 2 steps (100%) done\n"
