@@ -16,6 +16,7 @@ import pytest
 from conftest import PY, ROOT, assert_bit_identical, build_wheelhouse, cli, metrics_of, state_of
 from conftest import probe_wheel, slurm_job_prefix, slurm_jobs, summary_rows, train_until_saved
 from cifarflow.controller.wheelhouse import TRAINING_STACK, installed_closure, job_requirements
+from alliance import GPU_ACCOUNT
 from test_slurm import CONFIG, job_state, slurm, start_slurm, submitted, training_processes
 
 pytestmark = pytest.mark.slurm
@@ -275,7 +276,7 @@ def test_cuda_strategies_request_their_gpus_and_fail_in_one_line(tmp_path):
     for strategy, (flags, fields) in GPU_REQUESTS.items():
         call = next(l for l in text.splitlines()
                     if "sbatch call" in l and f"rule_train_{strategy}_" in l)
-        for flag in flags:
+        for flag in flags + [f"-A {GPU_ACCOUNT}"]:  # def-cifar, mapped: a GPU job
             assert f" {flag} " in call, (strategy, flag, call)
         (jobid,) = set(jobs[f"train_{strategy}"])
         show = subprocess.run(["scontrol", "show", "job", jobid], capture_output=True,
