@@ -11,6 +11,7 @@ an unanswered question is to it (None: unknown). No torch.
 from __future__ import annotations
 
 import functools
+import getpass
 import os
 import re
 import signal
@@ -183,7 +184,7 @@ def submit_limits(user: str) -> list[int]:
     """MaxSubmitJobs of the user's associations and MaxSubmitPU of the QOSes (sacctmgr,
     with accounting): every limit that is set."""
     text = "".join(ask(argv).stdout for argv in (
-        ["sacctmgr", "-n", "-P", "show", "assoc", f"where user={user}", "format=MaxSubmit"],
+        ["sacctmgr", "-n", "-P", "show", "assoc", "where", f"user={user}", "format=MaxSubmit"],
         ["sacctmgr", "-n", "-P", "show", "qos", "format=MaxSubmitPU"]))
     return [int(v) for v in text.split() if v.strip().isdigit()]
 
@@ -192,11 +193,16 @@ def submit_limits(user: str) -> list[int]:
 def user_accounts(user: str) -> tuple[str, ...] | None:
     """The accounts the user may submit to (sacctmgr's associations, in its order, once
     each); None where sacctmgr does not answer (no accounting)."""
-    reply = ask(["sacctmgr", "-n", "-P", "show", "assoc", f"where user={user}",
+    reply = ask(["sacctmgr", "-n", "-P", "show", "assoc", "where", f"user={user}",
                  "format=Account"])
     if not reply.ok:
         return None
     return tuple(dict.fromkeys(a.strip() for a in reply.stdout.splitlines() if a.strip()))
+
+
+def user() -> str:
+    """Whose associations to ask for: $USER, else the login name of this process."""
+    return os.environ.get("USER") or getpass.getuser()
 
 
 def forget() -> None:

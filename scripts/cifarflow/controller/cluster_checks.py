@@ -5,7 +5,6 @@ is asked once a process (slurm.py caches it). No torch here."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
 from .. import slurm
@@ -47,7 +46,7 @@ def check_cluster(runs: dict, packs: dict, units: list, placement: dict, env_gpu
     if partitions:
         found.warnings += gpu_share_warnings(shapes, candidates(partitions, named, True)[0])
     given = placement.get("slurm_account", "")
-    accounts = accounts_of(os.environ.get("USER", ""))
+    accounts = accounts_of(slurm.user())
     if accounts is None:
         found.lines.append(f"slurm account: sacctmgr does not answer here (no accounting): "
                            f"slurm.account {given or '(not set)'} goes to sbatch as it is")

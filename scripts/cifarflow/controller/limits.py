@@ -11,7 +11,6 @@ nothing, one line says so. No torch here.
 from __future__ import annotations
 
 import math
-import os
 
 from .. import slurm
 
@@ -26,7 +25,7 @@ def read_limits() -> dict | None:
               "accounting": "none" not in conf.get("AccountingStorageType", "none")}
     limits["max_submit"] = None
     if limits["accounting"]:
-        values = slurm.submit_limits(os.environ.get("USER", ""))
+        values = slurm.submit_limits(slurm.user())
         limits["max_submit"] = min(values) if values else None
     return limits
 
