@@ -10,6 +10,8 @@ an unanswered question is to it (None: unknown). No torch.
 
 from __future__ import annotations
 
+import functools
+import getpass
 import os
 import re
 import signal
@@ -139,6 +141,9 @@ def first_hostname(nodelist: str) -> str | None:
     return names[0] if names else None
 
 
+# What the plan reads of the cluster is read once per process: a controller re-plans after
+# each checkpoint, and the cluster's shape does not change under it (forget() for tests).
+@functools.cache
 def cluster_config() -> dict | None:
     """``scontrol show config`` as key/value pairs; None where Slurm does not answer."""
     reply = ask(["scontrol", "show", "config"])
@@ -153,6 +158,7 @@ def partition(name: str = "") -> dict:
     return (default or records or [{}])[0]
 
 
+@functools.cache
 def records(kind: str) -> list[dict]:
     """Every record of ``scontrol show <kind>`` (partition, node), hidden ones too; [] where
     Slurm does not answer."""
@@ -173,13 +179,36 @@ def reservations() -> list[dict]:
     return [r for r in map(fields, reply.stdout.splitlines()) if r.get("ReservationName")]
 
 
+@functools.cache
 def submit_limits(user: str) -> list[int]:
     """MaxSubmitJobs of the user's associations and MaxSubmitPU of the QOSes (sacctmgr,
     with accounting): every limit that is set."""
     text = "".join(ask(argv).stdout for argv in (
-        ["sacctmgr", "-n", "-P", "show", "assoc", f"where user={user}", "format=MaxSubmit"],
+        ["sacctmgr", "-n", "-P", "show", "assoc", "where", f"user={user}", "format=MaxSubmit"],
         ["sacctmgr", "-n", "-P", "show", "qos", "format=MaxSubmitPU"]))
     return [int(v) for v in text.split() if v.strip().isdigit()]
+
+
+@functools.cache
+def user_accounts(user: str) -> tuple[str, ...] | None:
+    """The accounts the user may submit to (sacctmgr's associations, in its order, once
+    each); None where sacctmgr does not answer (no accounting)."""
+    reply = ask(["sacctmgr", "-n", "-P", "show", "assoc", "where", f"user={user}",
+                 "format=Account"])
+    if not reply.ok:
+        return None
+    return tuple(dict.fromkeys(a.strip() for a in reply.stdout.splitlines() if a.strip()))
+
+
+def user() -> str:
+    """Whose associations to ask for: $USER, else the login name of this process."""
+    return os.environ.get("USER") or getpass.getuser()
+
+
+def forget() -> None:
+    """Ask the cluster again (the cached reads above): for tests that change it."""
+    for read in (cluster_config, records, submit_limits, user_accounts):
+        read.cache_clear()
 
 
 # ---- this workflow's pending jobs (the controller's watch, a restarted workflow's takeover)

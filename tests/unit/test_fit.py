@@ -4,7 +4,8 @@ reasons the controller names (real `squeue` lines)."""
 
 from cifarflow.config import with_defaults
 from cifarflow.controller.gpu_limits import gpu_share_warnings, gpu_slice_errors
-from cifarflow.controller.limits import check_fit, expand_hostlist, partition_capacity
+from cifarflow.controller.partitions import expand_hostlist, partition_capacity
+from cifarflow.controller.routing import candidates, check_fit
 from cifarflow.controller.pending import PendingWatch, stuck_jobs
 from cifarflow.slurm import fields
 from cifarflow.controller.pack_plan import build_packs, share_gpus
@@ -26,7 +27,7 @@ def partitions():
     nodes = [fields(line) for line in NODES.splitlines()]
     found = {p["PartitionName"]: partition_capacity(p, nodes)
              for p in map(fields, PARTITIONS.splitlines())}
-    return {**found, "": found["debug"]}
+    return found  # debug is Default=YES: a job naming none goes there
 
 
 def plan(**config):
@@ -101,13 +102,15 @@ def test_more_cores_or_memory_per_gpu_than_a_nodes_share_is_a_warning():
     """multi's GPU nodes: 2 CPUs and 22,900 MB for 2 GPUs, a share of 1 core, 11,450 MB."""
     fair = plan(strategies=["ddp"], distributed={"world_size": 2, "device": "cuda"},
                 resources={"cpus_per_task": 1, "mem_mb": 1000})
-    assert gpu_share_warnings(fair, "multi", partitions()) == []
+    multi = candidates(partitions(), "multi", True)[0]
+    assert gpu_share_warnings(fair, multi) == []
     greedy = plan(strategies=["gpu"], resources={"cpus_per_task": 2, "mem_mb": 16000})
-    (line,) = gpu_share_warnings(greedy, "multi", partitions())
+    (line,) = gpu_share_warnings(greedy, multi)
     assert line.startswith("run gpu asks 2 cores and 16,000 MB per GPU, more than a GPU's share "
                            "of a node in partition multi (1 cores, 11,450 MB)")
-    assert gpu_share_warnings(greedy, "debug", partitions()) == []  # no GPU nodes there
-    assert gpu_share_warnings(greedy, "multi", None) == []  # no Slurm
+    debug = candidates(partitions(), "debug", True)[0]
+    assert gpu_share_warnings(greedy, debug) == []  # no GPU nodes there
+    assert gpu_share_warnings(greedy, []) == []  # no Slurm
 
 
 SQUEUE = """\

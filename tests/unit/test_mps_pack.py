@@ -10,7 +10,7 @@ import pytest
 from cifarflow.cli import parser
 from cifarflow.config import with_defaults
 from cifarflow.engine.gpu_monitor import visible_gpus
-from cifarflow.controller.limits import check_fit
+from cifarflow.controller.routing import check_fit
 from cifarflow.job.mps_pack import GpuSlots, one_step
 from cifarflow.job.pack import run_pack
 from cifarflow.controller.pack_plan import build_packs, share_gpus
@@ -104,7 +104,7 @@ def test_the_fit_check_knows_the_shared_shape():
     two = shared(2, 2, [0.1, 0.2])  # 2 members, 1 GPU, 2 CPUs: fits a node of multi
     assert two == {"pack gpu-pack001 (2 runs, 2 per GPU)": {
         "tasks": 2, "cpus_per_task": 1, "pack": True, "mem_per_cpu": 1000, "nodes": 1,
-        "gpus_per_node": 1, "per_gpu": 2, "gpu_model": ""}}
+        "gpus_per_node": 1, "per_gpu": 2, "gpu_model": "", "runtime": 30}}
     assert check_fit(two, "multi", partitions()) == []
     # 6 members, 2 per GPU: 3 GPUs on one node, and n1/n2 have 2
     (error,) = check_fit(shared(6, 2, [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]), "multi", partitions())

@@ -28,6 +28,7 @@ def fake_bin(tmp_path, monkeypatch):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     monkeypatch.setenv("PATH", str(bin_dir))
+    slurm.forget()  # the plan's reads are cached per process
     calls = tmp_path / "calls"
 
     def add(name: str, body: str) -> None:
@@ -45,7 +46,7 @@ def test_a_missing_command_is_a_reply_not_an_error(fake_bin):
     assert reply.detail.startswith("squeue: ")
     assert slurm.job_alive("12") is None and slurm.job_state("12") is None
     assert slurm.job_end_time("12") is None and slurm.cluster_config() is None
-    assert limits.read_limits("short") is None  # the plan says: no answer from Slurm here
+    assert limits.read_limits() is None  # the plan says: no answer from Slurm here
 
 
 def test_a_failed_command_gives_its_status_and_last_error_line(fake_bin):
@@ -134,24 +135,32 @@ def test_the_states_of_many_jobs_are_one_question(fake_bin):
     assert slurm.job_states([]) == {} and len(fake_bin.calls()) == 2  # nothing to ask
 
 
-def test_read_limits_asks_scontrol_and_sacctmgr(fake_bin, monkeypatch):
+def test_read_limits_asks_scontrol_and_sacctmgr_once_a_process(fake_bin, monkeypatch):
     fake_bin("scontrol", 'case "$*" in\n'
                          '  "show config") printf "MaxJobCount             = 10000\\n'
                          'MaxArraySize            = 1001\\n'
                          'AccountingStorageType   = accounting_storage/slurmdbd\\n";;\n'
-                         '  "show partition -o") echo "PartitionName=short Default=NO '
-                         'MaxTime=00:05:00"; echo "PartitionName=cpubase Default=YES '
-                         'MaxTime=3:00:00";;\n'
-                         '  "show partition -o short") echo "PartitionName=short Default=NO '
-                         'MaxTime=00:05:00";;\n'
                          'esac')
-    fake_bin("sacctmgr", 'case "$*" in *assoc*) echo 250;; *qos*) printf "\\n100\\n";; esac')
+    fake_bin("sacctmgr", 'case "$*" in *qos*) printf "\\n100\\n";; *MaxSubmit*) echo 250;; '
+                         '*Account*) printf "root\\ndef-cifar_cpu\\ndef-cifar_gpu\\nroot\\n";; esac')
     monkeypatch.setenv("USER", "alice")
-    assert limits.read_limits("") == {
+    assert limits.read_limits() == {
         "max_job_count": "10000", "max_array_size": "1001", "accounting": True,
-        "partition": "cpubase", "max_time_min": 180.0, "max_submit": 100}
-    assert limits.read_limits("short")["max_time_min"] == 5
+        "max_submit": 100}
     assert "sacctmgr -n -P show assoc where user=alice format=MaxSubmit" in fake_bin.calls()
+    assert slurm.user_accounts("alice") == ("root", "def-cifar_cpu", "def-cifar_gpu")
+    asked = len(fake_bin.calls())
+    limits.read_limits(), slurm.user_accounts("alice"), slurm.records("partition")
+    slurm.records("partition")
+    assert len(fake_bin.calls()) == asked + 1  # only the first partition listing is new
+    slurm.forget()
+    limits.read_limits()
+    assert len(fake_bin.calls()) == asked + 1 + 3  # asked again once forgotten
+
+
+def test_without_accounting_the_accounts_are_unknown(fake_bin):
+    fake_bin("sacctmgr", 'echo "sacctmgr: error: Problem talking to the database" >&2; exit 1')
+    assert slurm.user_accounts("alice") is None
 
 
 def test_first_host_expands_through_scontrol_else_parses(fake_bin):

@@ -26,7 +26,9 @@ from cifarflow.job.members import member_argv, next_attempt
 from cifarflow.controller.packs import mem_per_cpu
 from cifarflow.controller.plan import PlanError
 from cifarflow.controller.software import fetch_args, installed_command
+from cifarflow.controller.partitions import read_partitions
 from cifarflow.controller.workflow import WorkflowPlan, slurm_placement
+from cifarflow.slurm import fields
 
 BASE = with_defaults(yaml.safe_load((ROOT / "config" / "config.yaml").read_text()))
 NO_SLURM_ENV = {}  # placement from the config alone
@@ -255,36 +257,49 @@ def test_segment_output_waits_for_the_run_s_own_job_or_its_pack_s(tmp_path, bin_
 
 
 LIMITS = {"max_job_count": "10000", "max_array_size": "1001", "accounting": True,
-          "partition": "short", "max_time_min": 5.0, "max_submit": 3}
+          "max_submit": 3}
+SHORT = ("PartitionName=short Default=NO Hidden=NO State=UP MaxTime=00:05:00 Nodes=vm\n"
+         "PartitionName=long Default=NO Hidden=NO State=UP MaxTime=1-00:00:00 Nodes=vm")
+VM = "NodeName=vm CPUTot=8 RealMemory=22900 Gres=(null)"
+ROOM = {"path": "/big", "bytes": 10**15, "inodes": 10**9, "quota": False}
+
+
+def short_cluster(kind):
+    return [fields(line) for line in (SHORT if kind == "partition" else VM).splitlines()]
 
 
 def test_the_cluster_check_refuses_a_runtime_above_maxtime_under_jobs(tmp_path, bin_dir):
     plan = make_plan(tmp_path, bin_dir, jobs_at_once=2, sweep={"lr": [0.1, 0.2, 0.3, 0.4]},
                      pack={"runs_per_job": 2}, strategies=["cpu", "ddp"],
                      segments={"count": 2}, train={"epochs": 4}, slurm={"partition": "short"})
-    asked = []
     with pytest.raises(PlanError) as refused:
-        plan.check_against_cluster(lambda partition: asked.append(partition) or LIMITS,
-                                   lambda: None)
-    assert asked == ["short"]
-    assert "resources.runtime 30 min of 8 run(s)" in str(refused.value)
+        plan.check_against_cluster(lambda results: ROOM, limits_of=lambda: LIMITS,
+                                   partitions_of=lambda: read_partitions(short_cluster),
+                                   accounts_of=lambda user: None)
+    assert "resources.runtime 30 min of pack cpu-pack001 (2 runs) (and 1 more alike)" \
+        in str(refused.value)
     assert "above partition short's MaxTime of 5 min" in str(refused.value)
     # 2 packs of cpu + 4 ddp runs = 6 jobs a round, 2 rounds
     assert plan.log.infos[0] == ("plan: 6 segment job(s) per round, 2 round(s), 12 segment "
                                  "job(s) in all, at most 2 queued at once (--jobs)")
     assert "pack.runs_per_job: 3 would submit a round at once" in plan.log.infos[1]
-    assert plan.log.infos[2].startswith("cluster limits: partition short MaxTime 5 min")
+    assert plan.log.infos[2].startswith("cluster limits: MaxJobCount 10000")
+    assert plan.log.infos[3] == "partitions: every job to partition short (short MaxTime 5 min)"
 
 
 def test_the_cluster_check_only_warns_without_jobs_and_says_when_there_is_no_slurm(
         tmp_path, bin_dir):
-    plan = make_plan(tmp_path, bin_dir)
-    plan.check_against_cluster(lambda partition: LIMITS, lambda: None)
+    plan = make_plan(tmp_path, bin_dir, slurm={"partition": "short"})
+    plan.check_against_cluster(lambda results: ROOM, limits_of=lambda: LIMITS,
+                               partitions_of=lambda: read_partitions(short_cluster),
+                               accounts_of=lambda user: None)
     assert len(plan.log.warnings) == 1
     assert plan.log.warnings[0].endswith("(a run through profiles/slurm stops here)")
+    assert plan.log.infos[-1].startswith("slurm account: sacctmgr does not answer here")
     quiet = make_plan(tmp_path, bin_dir, jobs_at_once=4)
-    quiet.check_against_cluster(lambda partition: None, lambda: pytest.fail(
-        "asked for the partitions after Slurm did not answer"))
+    quiet.check_against_cluster(lambda results: ROOM, limits_of=lambda: None,
+                                partitions_of=lambda: pytest.fail(
+                                    "asked for the partitions after Slurm did not answer"))
     assert quiet.log.infos == [
         "plan: 1 segment job(s) per round, 2 round(s), 2 segment job(s) in all, at most 4 "
         "queued at once (--jobs)",
@@ -394,7 +409,7 @@ def test_a_fused_pack_is_one_task_with_the_members_memory_and_one_gpu(tmp_path, 
     assert parsed.fuse == "auto" and parsed.members == ["gpu_lr0p1", "gpu_lr0p2", "gpu_lr0p3"]
     plan.announce()
     assert plan.log.infos[-2] == "pack.fuse: 3 runs in 1 fused pack(s) (lenet bs 512: 1)"
-    assert plan.log.infos[-1].startswith("storage: 3 run(s) will hold ~48 files")
+    assert plan.log.infos[-1].startswith("storage: 3 run(s) will hold ~127 files and 24 folders")
 
 
 def test_a_fused_pack_asks_what_its_one_process_needs_then_what_it_measured(tmp_path, bin_dir):
@@ -489,10 +504,9 @@ def test_a_plan_asking_two_mig_slices_per_job_is_refused_even_without_slurm(tmp_
                      distributed={"world_size": 2, "device": "cuda"},
                      resources={"gpu_model": "a100_3g.20gb"})
     with pytest.raises(PlanError, match=r"a100_3g.20gb is a MIG slice.*run ddp asks 2"):
-        plan.check_against_cluster(limits_of=lambda partition: None,
-                                   partitions_of=lambda: None)
+        plan.check_against_cluster(lambda results: ROOM, limits_of=lambda: None)
     make_plan(tmp_path, bin_dir, strategies=["gpu"], resources={"gpu_model": "a100_3g.20gb"}) \
-        .check_against_cluster(limits_of=lambda partition: None, partitions_of=lambda: None)
+        .check_against_cluster(lambda results: ROOM, limits_of=lambda: None)
 
 
 def test_ranks_with_a_gpu_each_are_bound_to_it_and_shared_gpus_are_not(tmp_path, bin_dir):

@@ -9,7 +9,7 @@ rule record_environment:
         f"{RESULTS}/logs/record_environment.log",
     resources:
         **PLAN.env_gpu,
-        **PLAN.slurm_placement,
+        **PLAN.placement(bool(PLAN.env_gpu)),
         runtime=10,
         mem_mb=2000,
     params:

@@ -1,6 +1,6 @@
 """GPU jobs against what a site gives: one MIG slice a job (Alliance), and cores and memory
 per GPU within a GPU node's share, at `snakemake -n`, from the plan's job shapes
-(packs.job_shapes) and the partitions Slurm describes (limits.read_partitions). No torch."""
+(packs.job_shapes) and the partitions Slurm describes (partitions.read_partitions). No torch."""
 
 from __future__ import annotations
 
@@ -35,17 +35,15 @@ def gpu_slice_errors(shapes: dict[str, dict]) -> list[str]:
             "(a gpu_model without a slice)"]
 
 
-def gpu_share_warnings(shapes: dict[str, dict], partition: str,
-                       partitions: dict | None) -> list[str]:
+def gpu_share_warnings(shapes: dict[str, dict], places: list[dict]) -> list[str]:
     """GPU jobs asking more cores or memory per GPU than a GPU node's share (its cores or
-    memory over its GPUs): such a job strands the node's other GPUs, and sites bill it as
-    more GPUs. 4 ranks x 12 cores on a 48-core 4-GPU node is fine; 16 cores for one GPU
-    there is not."""
-    if not partitions or partition not in partitions:
-        return []
-    gpu_nodes = [n for n in partitions[partition]["nodes"] if n["gpus"]]
+    memory over its GPUs) in the partitions they may run in (routing.candidates): such a
+    job strands the node's other GPUs, and sites bill it as more GPUs. 4 ranks x 12 cores
+    on a 48-core 4-GPU node is fine; 16 cores for one GPU there is not."""
+    gpu_nodes = [n for p in places or [] for n in p["nodes"] if n["gpus"]]
     if not gpu_nodes:
         return []
+    names = ", ".join(p["name"] for p in places if any(n["gpus"] for n in p["nodes"]))
     cores_share = max(n["cpus"] / n["gpus"] for n in gpu_nodes)
     mem_share = max(n["mem_mb"] / n["gpus"] for n in gpu_nodes)
     warnings, seen = [], set()
@@ -65,7 +63,7 @@ def gpu_share_warnings(shapes: dict[str, dict], partition: str,
             seen.add(key)
             warnings.append(
                 f"{job} asks {' and '.join(over)} per GPU, more than a GPU's share of a node in "
-                f"partition {partitions[partition]['name']} ({cores_share:g} cores, "
+                f"partition {names} ({cores_share:g} cores, "
                 f"{mem_share:,.0f} MB): it strands the node's other GPUs and is billed as more "
                 "GPUs; lower resources.cpus_per_task / mem_mb, or train on CPUs")
     return warnings

@@ -4,22 +4,21 @@ says it submits, and the watches while it trains. A part of the WorkflowPlan. No
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
 from pathlib import Path
 from typing import Callable
 
-from . import storage
+from . import quota, storage
+from .cluster_checks import check_cluster, check_storage
 from ..data import ARCHIVE_NAME, fetch_record
 from ..engine.gpu_monitor import visible_gpus
 from ..engine.strategies.ddp import too_few_gpus
 from ..job.mps_daemon import mps_gpus
 from ..job.tries import INVOCATION
 from ..layout import RunPaths
-from .gpu_limits import gpu_share_warnings, gpu_slice_errors
-from .limits import check_fit, check_plan, read_limits, read_partitions
-from .packs import job_shapes
 from .pending import PendingWatch
 from .pack_plan import describe_fusion
 from .plan import check_user_models
@@ -142,7 +141,17 @@ class MainProcess:
         if self.config["pack"]["fuse"] and self.packs:
             self.log.info(describe_fusion(self.runs, self.packs))
         self.describe_search()
-        self.log.info(storage.describe(self.runs.values(), self.config["segments"]["keep_weights"]))
+        self.log.info(storage.describe(self.storage, self.keep_weights))
+
+    @functools.cached_property
+    def storage(self) -> storage.Estimate:
+        """What the plan will hold under results/ (storage.py)."""
+        return storage.estimate(self.runs.values(), self.packs.values(),
+                                self.config["data"]["source"] != "synthetic")
+
+    @property
+    def keep_weights(self) -> str:
+        return self.config["segments"]["keep_weights"]  # settled: all or last (plan.py)
 
     def check_local_gpus(self, count_gpus=visible_gpus, environ=os.environ) -> None:
         """A local run (no --jobs: not profiles/slurm, and outside a Slurm job) whose runs ask
@@ -179,31 +188,24 @@ class MainProcess:
                 f"{mps_gpus(largest, per_gpu)}; one Slurm step holds the node's GPUs and "
                 "starts the members)")
 
-    def check_against_cluster(self, limits_of=read_limits, partitions_of=read_partitions) -> None:
-        """`snakemake -n` says what the plan submits and, where Slurm tells, whether it fits;
-        refusals stop a run with --jobs (profiles/slurm), else they are warnings."""
+    def check_against_cluster(self, room_of=quota.room, **readers) -> None:
+        """`snakemake -n` says what the plan submits and, where Slurm tells, whether it fits
+        (cluster_checks.py; ``readers``: its limits_of, partitions_of, accounts_of) and
+        whether results: has room for it; refusals stop a run with --jobs
+        (profiles/slurm), else they are warnings. Each job's account is settled here."""
         units = [p.members for p in self.packs.values()]
         units += [[name] for name in self.runs if name not in self.chain.pack_of]
-        runtimes: dict = {}
-        for name, run in self.runs.items():
-            runtimes.setdefault(run.resources["runtime"], []).append(name)
-        segments = [len(self.runs[members[0]].segment_epochs) for members in units]
-        partition = self.slurm_placement.get("slurm_partition", "")
-        limits = limits_of(partition)
-        lines, errors = check_plan(
-            len(self.runs), len(units), max(segments), sum(segments), runtimes,
-            limits, self.jobs_at_once)
-        shapes = job_shapes(self.runs, self.packs)
-        slices = gpu_slice_errors(shapes)
-        if slices:  # no site gives a job two MIG slices: refused whoever submits
-            raise self.error(slices[0])
-        if limits is not None:  # Slurm answered; else asking again only waits for it to fail
-            partitions = partitions_of()
-            errors += check_fit(shapes, partition, partitions)
-            for warning in gpu_share_warnings(shapes, partition, partitions):
-                self.log.warning(f"WARNING: {warning}")
-        for line in lines:
+        found = check_cluster(self.runs, self.packs, units, self.slurm_placement,
+                              bool(self.env_gpu), self.jobs_at_once, **readers)
+        if found.fatal:  # refused whoever submits
+            raise self.error(found.fatal[0])
+        self.job_accounts = found.accounts
+        stored = check_storage(self.storage, self.keep_weights, self.results, room_of)
+        for line in found.lines:
             self.log.info(line)
+        for warning in found.warnings + stored.warnings:
+            self.log.warning(f"WARNING: {warning}")
+        errors = found.errors + stored.errors
         if errors and self.jobs_at_once:
             raise self.error("\n".join(errors))
         for error in errors:

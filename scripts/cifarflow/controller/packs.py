@@ -81,12 +81,12 @@ class StepPack:
         return self.task_count(plan.packs[wildcards.pack], len(plan.pack_members(wildcards)))
 
     def shape(self, pack: Pack, runs: dict[str, Run]) -> tuple[str, dict]:
-        """What the pack's first segment asks (all its members), as limits.check_fit reads
+        """What the pack's first segment asks (all its members), as routing.check_fit reads
         it, from the same counts as ``resources``."""
         res, members = pack.member_resources, len(pack.members)
         cpus = int(res["cpus_per_task"])
         shape = {"tasks": self.task_count(pack, members), "cpus_per_task": cpus,
-                 "pack": not pack.fuse,
+                 "pack": not pack.fuse, "runtime": int(res["runtime"]),
                  "mem_per_cpu": mem_per_cpu(self.task_mem_mb(pack, members, res["mem_mb"]), cpus)}
         if self.on_gpu(runs[pack.members[0]]):
             shape.update(nodes=1, gpus_per_task=1, gpu_model=gres_model(res))
@@ -158,7 +158,7 @@ PACK_KINDS = {"steps": StepPack(), "mps": MpsPack()}
 
 def job_shapes(runs: dict[str, Run], packs: dict[str, Pack]) -> dict[str, dict]:
     """The request of every segment job of the plan (a pack's first segment, with all its
-    members), as limits.check_fit reads it."""
+    members), as routing.check_fit reads it."""
     shapes, packed = {}, set()
     for pack in packs.values():
         label, shapes_of_pack = PACK_KINDS[pack.kind].shape(pack, runs)
@@ -172,7 +172,7 @@ def job_shapes(runs: dict[str, Run], packs: dict[str, Pack]) -> dict[str, dict]:
         shape = {"tasks": tasks, "cpus_per_task": int(res["cpus_per_task"]),
                  "mem_mb_per_node": int(res["mem_mb"]),
                  "gpus_per_node": run.strategy_class.gpus_per_node(run.config),
-                 "gpu_model": gres_model(res)}
+                 "gpu_model": gres_model(res), "runtime": int(res["runtime"])}
         if nodes:
             shape.update(nodes=int(nodes), tasks_per_node=tasks // int(nodes))
         shapes[f"run {name}"] = shape

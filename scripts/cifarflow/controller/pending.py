@@ -13,7 +13,7 @@ from typing import Callable
 
 from .. import slurm
 from ..slurm import squeue_pending, workflow_pending
-from .limits import expand_hostlist
+from .partitions import expand_hostlist
 
 # squeue reasons a job keeps until someone changes it, the partition or the cluster
 STUCK = {

@@ -53,6 +53,9 @@ def config_sections() -> tuple:
     return COMMON_SECTIONS + ("segments",) + tuple(extra)
 
 
+KEEP_ALL_RUNS = 8  # segments.keep_weights auto keeps every segment's weights up to this many runs
+
+
 @dataclass
 class Run:
     name: str
@@ -131,7 +134,29 @@ def plan_run(strategy: str, config: dict, swept: dict, name: str | None = None) 
                threads=int(res["cpus_per_task"]) * world, policy=policy)
 
 
+def planned_runs(config: dict) -> int:
+    """How many runs the config plans (a search: every trial of every round)."""
+    sweep = {k: v for k, v in (config.get("sweep") or {}).items() if k != "prune"}
+    search = Search.from_sweep(sweep, sweep_item_schemas())
+    if search:
+        return len(config["strategies"]) * search.rounds * search.samples
+    known = {k: v for k, v in sweep.items() if k in sweep_keys()}  # build_runs names the rest
+    return sum(len(sweep_combos(get_strategy(s), known)) for s in config["strategies"]
+               if s in registered())
+
+
+def settle_keep_weights(config: dict) -> dict:
+    """segments.keep_weights auto: all for up to KEEP_ALL_RUNS runs, last for a larger
+    sweep (whose checkpoints would fill a quota); all and last as they are."""
+    segments = config["segments"]
+    if segments["keep_weights"] != "auto":
+        return config
+    keep = "all" if planned_runs(config) <= KEEP_ALL_RUNS else "last"
+    return {**config, "segments": {**segments, "keep_weights": keep}}
+
+
 def build_runs(config: dict) -> dict[str, Run]:
+    config = settle_keep_weights(config)
     unknown = sorted(set(config["strategies"]) - set(registered()))
     if unknown:
         raise ValueError(f"unknown strateg{'y' if len(unknown) == 1 else 'ies'} "

@@ -10,6 +10,7 @@ import shlex
 from pathlib import Path
 from typing import Callable
 
+from ..engine.strategies import get_strategy
 from ..job.tries import out_of_memory_count
 from ..layout import RunPaths, pack_marker
 from .packs import PACK_KINDS, StepPack
@@ -89,7 +90,9 @@ class SegmentRules:
         res = {key: self.per_run(strategy, lambda run, key=key: run.resources[key])
                for key in keys}
         res.update(mem_mb=self.segment_request("mem_mb"), runtime=self.segment_request("runtime"))
-        res.update(self.slurm_placement)
+        for key in self.placement(False):  # the account by whether the run asks GPUs
+            res[key] = self.per_run(strategy, lambda run, key=key: self.placement(
+                run.strategy_class.gpus_per_node(run.config) > 0)[key])
         res["mpi"] = self.per_run(strategy,
                                   lambda run: "srun" if run.config.world_size > 1 else "")
         return res
@@ -127,7 +130,8 @@ class SegmentRules:
         return self.sized_request(members, k, previous, attempt, wildcards.pack, policy)
 
     def pack_resources(self, strategy: str) -> dict:
-        return {**self.pack_kind(strategy).resources(self, strategy), **self.slurm_placement}
+        gpu = get_strategy(strategy).device_kind == "cuda"  # as its request's gres
+        return {**self.pack_kind(strategy).resources(self, strategy), **self.placement(gpu)}
 
     def pack_threads(self, strategy: str):
         kind = self.pack_kind(strategy)

@@ -1,18 +1,37 @@
-"""What a plan will hold under results/: files and bytes, said at `snakemake -n`, so a sweep
-is sized against a /project or /scratch quota before it runs. No torch here: the registered
-models' sizes are a table (tests/unit/test_storage.py holds it to the models' code); a user's
-``module:factory`` model is counted from the one check_user_models built."""
+"""What a plan will hold under results/: files, directories and bytes, said at `snakemake
+-n` and compared with the filesystem under results: (quota.py), so a sweep is sized against
+a /project or /scratch quota before it runs. No torch here: the registered models' sizes
+are a table (tests/unit/test_storage.py holds it to the models' code); a user's
+``module:factory`` model is counted from the one check_user_models built.
+
+Counted per run, per segment and per try as the rules and the engine write them (layout.py;
+tests/integration/test_storage_count.py holds the count to a real run's files): one try per
+segment (a retry adds TRY_FILES), the planned segments (segments.max_extra adds more only
+where a segment falls short)."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 # bytes of a registered model's parameters and of its buffers (float32)
 MODEL_BYTES = {"lenet": (248_024, 0), "resnet18": (44_695_848, 38_560)}
 # optimizer state per parameter: SGD with momentum keeps one buffer, Adam two
 OPTIMIZER_SLOTS = {"sgd": 1, "adam": 2}
-# per segment: its directory's manifest, metrics and Snakemake's time stamp (and the
-# weights), the try's log and the link to it, the benchmark, a TensorBoard event file
-FILES_PER_SEGMENT = 7
-FILES_PER_RUN = 2  # spec.json, tries.jsonl
+# a run's own: runs/<run>/ with spec.json and tries.jsonl, its work/ (the in-segment
+# checkpoint, while a segment trains), and its folders under logs/train, benchmarks/train,
+# tensorboard
+RUN_DIRS, RUN_FILES = 5, 2
+# a segment's directory (segment-k/: .snakemake_timestamp, checkpoint.json, metrics.jsonl,
+# state.pt), its log link segment-k.log, its benchmark, Snakemake's .snakemake/metadata
+# record of the output; FSDP over W ranks: trainer.pt and shards/ (.metadata, W .distcp)
+SEGMENT_DIRS, SEGMENT_FILES = 1, 7
+TRY_FILES = 2  # each try: its own log (segment-k.attemptN.log) and a TensorBoard event file
+# a pack's segment job: its marker, log, benchmark and metadata record (packs/, logs/packs/,
+# benchmarks/packs/ hold a folder per pack)
+PACK_DIRS, PACK_SEGMENT_FILES = 3, 4
+# the rest: results/'s folders, environment, logs, plots, summary, advice, their metadata
+FIXED_INODES = 50
+CIFAR_BYTES = 341_000_000  # the archive (163 MB) and its extracted batches (178 MB)
 SMALL_BYTES_PER_SEGMENT = 20_000  # the JSON, logs and event files of a segment, about
 
 
@@ -27,30 +46,69 @@ def state_bytes(model: str, optimizer: str, momentum: float,
     return params * (1 + slots) + buffers
 
 
-def describe(runs, keep_weights: str, user_sizes=None) -> str:
-    """One line: files and bytes the plan's segments will hold under results/, and with
-    segments.keep_weights last where that is all."""
-    files = weights = weights_last = 0
-    unknown = set()
+@dataclass
+class Estimate:
+    """What the plan holds under results/ once it has run."""
+    runs: int = 0
+    files: int = 0
+    dirs: int = 0
+    weights: int = 0        # every segment's checkpoint (keep_weights all)
+    weights_last: int = 0   # the last and the best segment's of each run (keep_weights last)
+    other: int = 0          # data, logs, metrics, TensorBoard
+    unknown: set = field(default_factory=set)  # models of unknown size
+
+    @property
+    def inodes(self) -> int:
+        return self.files + self.dirs
+
+    def bytes(self, keep_weights: str) -> int:
+        return (self.weights if keep_weights == "all" else self.weights_last) + self.other
+
+
+def segment_files(run) -> tuple[int, int]:
+    """(files, directories) of one segment of a run, one try."""
+    if run.strategy_class.sharded_checkpoint and run.config.world_size > 1:
+        return SEGMENT_FILES + 1 + run.config.world_size + TRY_FILES, SEGMENT_DIRS + 1
+    return SEGMENT_FILES + TRY_FILES, SEGMENT_DIRS
+
+
+def estimate(runs, packs=(), real_data: bool = True, user_sizes=None) -> Estimate:
+    """Files, folders and bytes of these runs (and their packs) under results/."""
+    est = Estimate(files=FIXED_INODES, other=CIFAR_BYTES if real_data else 0)
+    packed = {name for pack in packs for name in pack.members}
     for run in runs:
         cfg, k = run.config, len(run.segment_epochs)
-        files += FILES_PER_RUN + k * FILES_PER_SEGMENT
+        files, dirs = segment_files(run)
+        if run.name in packed:  # the pack's job has the benchmark and metadata record
+            files -= 2
+        est.runs += 1
+        est.files += RUN_FILES + (k + 1) * files  # + the work checkpoint, as a segment's
+        est.dirs += RUN_DIRS + k * dirs
+        est.other += k * SMALL_BYTES_PER_SEGMENT
         size = state_bytes(cfg.model, cfg.optimizer, cfg.momentum, user_sizes)
         if size is None:
-            unknown.add(cfg.model)
+            est.unknown.add(cfg.model)
             continue
-        weights += k * size
-        weights_last += min(k, 2) * size  # the last segment's and the best one's
-    small = sum(len(r.segment_epochs) for r in runs) * SMALL_BYTES_PER_SEGMENT
-    total = weights + small if keep_weights == "all" else weights_last + small
-    line = (f"storage: {len(runs)} run(s) will hold ~{files:,} files and ~{gb(total)} under "
-            f"results/ (segments.keep_weights {keep_weights}")
-    if keep_weights == "all" and weights_last < weights:
-        line += f"; last would keep ~{gb(weights_last + small)}"
+        est.weights += (k + 1) * size  # + the work checkpoint of the segment training
+        est.weights_last += (min(k, 2) + 1) * size  # the last's, the best's, the work one
+    for pack in packs:
+        est.dirs += PACK_DIRS
+        est.files += len(pack.segment_epochs) * PACK_SEGMENT_FILES
+    return est
+
+
+def describe(est: Estimate, keep_weights: str) -> str:
+    """One line: files and bytes the plan will hold under results/, and with
+    segments.keep_weights last where that is all."""
+    line = (f"storage: {est.runs} run(s) will hold ~{est.files:,} files and {est.dirs:,} "
+            f"folders, ~{gb(est.bytes(keep_weights))} under results/ (segments.keep_weights "
+            f"{keep_weights}")
+    if keep_weights == "all" and est.weights_last < est.weights:
+        line += f"; last would keep ~{gb(est.bytes('last'))}"
     line += ")"
-    if unknown:
-        line += f", without the weights of {', '.join(sorted(unknown))}"
-    return line + "; put results: on /project or /scratch (docs/slurm.md)"
+    if est.unknown:
+        line += f", without the weights of {', '.join(sorted(est.unknown))}"
+    return line
 
 
 def gb(n: float) -> str:

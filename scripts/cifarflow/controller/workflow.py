@@ -26,7 +26,7 @@ from .chain import Chain
 from .main_process import MainProcess
 from .outputs import Outputs
 from .pack_plan import Pack, build_packs, fuse_mode, share_gpus
-from .plan import PlanError, Run, build_runs, sweep_item_schemas
+from .plan import PlanError, Run, build_runs, settle_keep_weights, sweep_item_schemas
 from .rounds import SearchRounds
 from .rules import SegmentRules
 from .search import Search
@@ -91,17 +91,25 @@ class WorkflowPlan(MainProcess, JobSoftware, SegmentRules, Outputs, SearchRounds
         self.packed = sorted({pack.strategy for pack in packs.values()})
         self.unpacked = [s for s in config["strategies"] if s not in self.packed]
         self.slurm_placement = slurm_placement(config["slurm"], environ)
+        self.job_accounts: dict | None = None  # {on GPUs: account}: the main process's check
         self.env_gpu = self.env_gpu_request()
         self.chain = Chain(runs, packs, self.prune, self.max_segments, self.segment_output,
                            pending)
         self.sizing_logged: set = set()
         self.init_search(Search.from_sweep(config["sweep"], sweep_item_schemas()))
 
+    def placement(self, gpu: bool) -> dict:
+        """slurm_placement, with the account a CPU or GPU job goes to where the main process
+        settled it against sacctmgr (accounts.py: def-pi -> def-pi_cpu / def-pi_gpu)."""
+        account = (self.job_accounts or {}).get(gpu)
+        return {**self.slurm_placement, **({"slurm_account": account} if account else {})}
+
     @classmethod
     def from_config(cls, config: dict, basedir, **kw) -> "WorkflowPlan":
         """The plan of a schema-complete config; a config it cannot plan raises ``error``."""
         error = kw.get("error", PlanError)
         try:
+            config = settle_keep_weights(config)  # the rounds of a search plan from it too
             runs = build_runs(config)
         except ValueError as exc:
             raise error(f"config error: {exc}")

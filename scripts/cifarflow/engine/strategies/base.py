@@ -70,6 +70,7 @@ class Strategy:
     launched: ClassVar[bool] = False       # several processes, started by `cifarflow launch`
     self_spawning: ClassVar[bool] = False  # starts its own workers outside Slurm
     channels_last_params: ClassVar[bool] = True  # FSDP shards only contiguous parameters
+    sharded_checkpoint: ClassVar[bool] = False  # a file per rank (DCP), not one state.pt
 
     def __init_subclass__(cls, **kw):
         super().__init_subclass__(**kw)

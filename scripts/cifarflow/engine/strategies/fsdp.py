@@ -7,6 +7,7 @@ from .ddp import DDPStrategy
 class FSDPStrategy(DDPStrategy):
     name = "fsdp"
     channels_last_params = False  # inputs stay channels_last
+    sharded_checkpoint = True  # checkpointer(): torch.distributed.checkpoint, a shard a rank
 
     def distribute(self, model):
         from torch.distributed.device_mesh import init_device_mesh

@@ -1,0 +1,69 @@
+"""The plan against the cluster at `snakemake -n`, in one place: the counts (limits.py),
+where each job may run and whether it fits there (routing.py, gpu_limits.py), the account
+of each job (accounts.py) and the room under results: (quota.py). What Slurm is asked, it
+is asked once a process (slurm.py caches it). No torch here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .. import slurm
+from . import quota
+from .accounts import job_accounts
+from .gpu_limits import gpu_share_warnings, gpu_slice_errors, job_gpus
+from .limits import check_plan, read_limits
+from .packs import job_shapes
+from .partitions import read_partitions
+from .routing import candidates, check_fit, describe_placement
+
+
+@dataclass
+class Findings:
+    lines: list = field(default_factory=list)     # to say
+    errors: list = field(default_factory=list)    # refusals (warnings without --jobs)
+    warnings: list = field(default_factory=list)  # always warnings
+    fatal: list = field(default_factory=list)     # refused whoever submits
+    accounts: dict | None = None                  # {on GPUs: account}, where sacctmgr told
+
+
+def check_cluster(runs: dict, packs: dict, units: list, placement: dict, env_gpu: bool,
+                  jobs_at_once: int | None, *, limits_of=read_limits,
+                  partitions_of=read_partitions, accounts_of=slurm.user_accounts) -> Findings:
+    """What Slurm says of the plan: its counts, each job's partitions and account."""
+    found = Findings()
+    segments = [len(runs[members[0]].segment_epochs) for members in units]
+    limits = limits_of()
+    found.lines, found.errors = check_plan(len(runs), len(units), max(segments), sum(segments),
+                                           limits, jobs_at_once)
+    shapes = job_shapes(runs, packs)
+    found.fatal = gpu_slice_errors(shapes)  # no site gives a job two MIG slices
+    if limits is None:  # Slurm did not answer; asking again only waits for it to fail
+        return found
+    named = placement.get("slurm_partition", "")
+    partitions = partitions_of()
+    found.lines.append(describe_placement(partitions, named))
+    found.errors += check_fit(shapes, named, partitions)
+    if partitions:
+        found.warnings += gpu_share_warnings(shapes, candidates(partitions, named, True)[0])
+    given = placement.get("slurm_account", "")
+    accounts = accounts_of(slurm.user())
+    if accounts is None:
+        found.lines.append(f"slurm account: sacctmgr does not answer here (no accounting): "
+                           f"slurm.account {given or '(not set)'} goes to sbatch as it is")
+        return found
+    kinds = {job_gpus(shape) > 0 for shape in shapes.values()} | {env_gpu}
+    try:
+        found.accounts, line = job_accounts(given, accounts, kinds)
+        found.lines.append(line)
+    except ValueError as exc:
+        found.errors.append(str(exc))
+    return found
+
+
+def check_storage(estimate, keep_weights: str, results: str, room_of=quota.room) -> Findings:
+    """The plan's files and bytes against the room under results:."""
+    found = Findings()
+    refusal, warning = quota.check_room(estimate, keep_weights, room_of(results))
+    found.errors += [refusal] if refusal else []
+    found.warnings += [warning] if warning else []
+    return found

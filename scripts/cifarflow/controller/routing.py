@@ -1,0 +1,125 @@
+"""Which partitions a job may run in, and does it fit one? Each job of the plan (its shape
+from packs.job_shapes, with its runtime) against the partitions Slurm describes
+(partitions.read_partitions), at `snakemake -n`:
+
+- slurm.partition named: that partition;
+- else a partition marked Default=YES: that one (what Slurm gives a job naming none);
+- else the site routes each job (Alliance's submit plugin, by time limit and GPUs): every
+  partition that is UP and not hidden, GPU-only partitions (every node has GPUs) for GPU
+  jobs only. A job is accepted when one of them fits it (node fit, GPUs of its type,
+  MaxTime); refused, naming their limits, when none does. No torch here.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .gpu_limits import job_gpus
+from .partitions import describe_partition, describe_shape, describe_time, most_tasks
+
+
+def candidates(partitions: dict[str, dict], named: str, gpu: bool) -> tuple[list[dict], str]:
+    """(the partitions a CPU or GPU job may run in, how to name them)."""
+    if named:
+        return [partitions[named]] if named in partitions else [], f"partition {named}"
+    default = [p for p in partitions.values() if p["default"]]
+    if default:
+        return default[:1], f"the default partition {default[0]['name']}"
+    routed = [p for p in partitions.values()
+              if p["up"] and not p["hidden"] and (gpu or not p["gpu_only"])]
+    return routed, f"every partition a {'GPU' if gpu else 'CPU'} job can be routed to"
+
+
+def describe_placement(partitions: dict[str, dict] | None, named: str) -> str:
+    """The log line of where jobs go, with each partition's MaxTime."""
+    if not partitions:
+        return "partitions: no answer from Slurm here (scontrol show partition)"
+    cpu, how = candidates(partitions, named, False)
+    gpu, _ = candidates(partitions, named, True)
+    if named or len(cpu) == 1 and cpu == gpu and cpu[0]["default"]:
+        return f"partitions: every job to {how}" + (f" ({describe_time(cpu[0])})" if cpu else "")
+    return ("partitions: routed by the site (no slurm.partition, no default partition): CPU "
+            f"jobs to one of {', '.join(map(describe_time, cpu)) or 'none'}; GPU jobs to one "
+            f"of {', '.join(describe_time(p) for p in gpu if any(n['gpus'] for n in p['nodes'])) or 'none'}")
+
+
+def check_fit(shapes: dict[str, dict], named: str, partitions: dict | None) -> list[str]:
+    """One error per kind of job that can never start where it may run, with the way out.
+    `shapes` maps a job (a run or a pack) to its request: tasks, cpus_per_task, runtime,
+    and where set nodes, tasks_per_node, mem_per_cpu, mem_mb_per_node, gpus_per_node,
+    gpus_per_task, gpu_model, pack (members per job)."""
+    if not partitions:
+        return []
+    if named and named not in partitions:
+        shown = ", ".join(n for n, p in partitions.items() if not p["hidden"])
+        return [f"slurm.partition {named} is not a partition of this cluster ({shown}): unset "
+                "slurm.partition (and $SLURM_PARTITION) so the site places each job, or name "
+                "one of those"]
+    errors, alike = [], {}
+    for job, shape in shapes.items():  # one error per request: a sweep has many alike
+        alike.setdefault(repr(sorted(shape.items())), []).append(job)
+    for jobs in alike.values():
+        job, shape = jobs[0], shapes[jobs[0]]
+        if len(jobs) > 1:
+            job += f" (and {len(jobs) - 1} more alike)"
+        error = job_error(job, shape, named, partitions)
+        if error and error not in errors:
+            errors.append(error)
+    return errors
+
+
+def job_error(job: str, shape: dict, named: str, partitions: dict) -> str | None:
+    """Why this job can run in none of its partitions; None where one fits it."""
+    gpu = job_gpus(shape) > 0
+    places, label = candidates(partitions, named, gpu)
+    if not places:
+        return (f"{job} has no partition to run in: {label} is none (every partition is "
+                "down or hidden; scontrol show partition)")
+    model = shape.get("gpu_model") or ""
+    types = sorted({t for p in places for n in p["nodes"] for t in n["gpu_types"] if t})
+    if gpu and model and model not in types:
+        return (f"resources.gpu_model {model} is on no node of {label} "
+                f"({', '.join(p['name'] for p in places)}), whose GPU types are "
+                f"{', '.join(types) or 'untyped'}: sbatch would refuse every GPU job; set "
+                f"resources.gpu_model to one of {', '.join(types)}, or \"\" for any type")
+    most = {p["name"]: most_tasks(shape, p) for p in places}
+    fits = [p for p in places if most[p["name"]] >= shape["tasks"]]
+    if not fits:
+        return fit_error(job, shape, named, label, places, most, partitions)
+    runtime = shape.get("runtime")
+    limits = [p["max_time_min"] for p in fits]
+    if not runtime or any(m is None or runtime <= m for m in limits):
+        return None
+    top = max(limits)
+    above = (f"above partition {fits[0]['name']}'s MaxTime of {top:g} min" if len(fits) == 1
+             else f"above {label.replace(' a ', ' this ')}: "
+                  f"{', '.join(map(describe_time, fits))}")
+    return (f"resources.runtime {runtime} min of {job} is {above}: set resources.runtime to at "
+            f"most {math.floor(top)} (segments.count splits a run into more segments)"
+            + (" or unset slurm.partition so the site routes it" if named else ""))
+
+
+def fit_error(job, shape, named, label, places, most, partitions) -> str:
+    """A job no partition it may run in can ever hold: what they give, and the way out."""
+    best = max(most.values())
+    ways = []
+    if shape.get("pack") and best:
+        ways.append(f"pack.runs_per_job: {best}")
+    node_gpus = max((n["gpus"] for p in places for n in p["nodes"]), default=0)
+    if shape.get("per_gpu") and node_gpus and not best:
+        ways.append(f"pack.runs_per_job: {node_gpus * shape['per_gpu']} ({node_gpus} "
+                    f"GPU(s) of a node x pack.per_gpu {shape['per_gpu']})")
+    if shape["cpus_per_task"] > 1:
+        ways.append("fewer resources.cpus_per_task")
+    if len(places) == 1 and (named or places[0]["default"]):
+        fit = sorted(n for n, p in partitions.items() if most_tasks(shape, p) >= shape["tasks"])
+        ways.append(f"slurm.partition: {fit[0]} (it fits there)" if fit else "another partition")
+        gives = (f"partition {places[0]['name']} can ever give one job {best} such task(s) "
+                 f"({describe_partition(places[0])})")
+    else:
+        ways = ways or ["a smaller request (resources.mem_mb, distributed.world_size)"]
+        gives = (f"{label} can ever give one job at most: "
+                 + "; ".join(f"{p['name']} {most[p['name']]} ({describe_partition(p)})"
+                             for p in places))
+    return f"{job} asks {describe_shape(shape)}, and {gives}: it would wait forever; set " \
+           + ", or ".join(ways)
