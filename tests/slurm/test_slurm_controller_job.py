@@ -44,7 +44,7 @@ def test_a_workflow_runs_from_its_controller_job_and_is_followed_to_its_end(tmp_
                                                  "COMPLETED")
     # the training jobs it submitted ran, on the CPU account, and trained the run
     rows = summary_rows(tmp_path)
-    assert rows["cpu"]["status"] == "completed"
+    assert rows["cpu"]["status"] == "ok"
     segment_jobs = rows["cpu"]["slurm_job_ids"].split()
     assert len(segment_jobs) == 2 and job not in segment_jobs
     for segment_job in segment_jobs:

@@ -7,20 +7,24 @@ from pathlib import Path
 from cifarflow.controller.controller_job import (follow, longest_cpu_time, sbatch_argv,
                                                  snakemake_argv)
 
-# partitions as `scontrol -a -o show partition` gives them on an Alliance-shaped site
-PARTITIONS = [
-    {"PartitionName": "cpubase_bycore_b1", "MaxTime": "03:00:00", "Hidden": "NO", "State": "UP"},
-    {"PartitionName": "cpubase_bycore_b3", "MaxTime": "1-00:00:00", "Hidden": "NO", "State": "UP"},
-    {"PartitionName": "cpubase_bycore_b5", "MaxTime": "7-00:00:00", "Hidden": "NO",
-     "State": "DOWN"},
-    {"PartitionName": "urgent", "MaxTime": "UNLIMITED", "Hidden": "YES", "State": "UP"},
-]
+# partitions as the plan reads them (partitions.partition_capacity) on an Alliance-shaped site
+def partition(name, minutes, up=True, hidden=False, gpus=0):
+    return {"name": name, "max_time_min": minutes, "up": up, "hidden": hidden,
+            "default": False, "gpu_only": bool(gpus), "nodes": [{"gpus": gpus}]}
+
+
+PARTITIONS = {p["name"]: p for p in (
+    partition("cpubase_bycore_b1", 180), partition("cpubase_bycore_b3", 1440),
+    partition("cpubase_bycore_b5", 10080, up=False), partition("urgent", None, hidden=True),
+    partition("gpubase_bygpu_b5", 10080, gpus=4))}
 
 
 def test_the_controller_asks_the_longest_time_of_a_partition_it_can_be_routed_to():
-    assert longest_cpu_time(PARTITIONS) == "1-00:00:00"  # not the hidden nor the down one
-    assert longest_cpu_time(PARTITIONS + [{"MaxTime": "UNLIMITED", "State": "UP"}]) is None
-    assert longest_cpu_time([]) is None
+    # not the down one, the hidden one nor a GPU partition
+    assert longest_cpu_time(PARTITIONS) == 1440
+    assert longest_cpu_time(PARTITIONS, named="cpubase_bycore_b1") == 180
+    assert longest_cpu_time(PARTITIONS, named="urgent") is None  # unlimited: Slurm's default
+    assert longest_cpu_time(None) is None
 
 
 def test_the_controller_runs_this_environments_snakemake_with_the_slurm_profile():

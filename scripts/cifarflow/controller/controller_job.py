@@ -16,7 +16,8 @@ from pathlib import Path
 
 from .. import slurm
 from .accounts import job_accounts
-from .limits import slurm_minutes
+from .partitions import read_partitions
+from .routing import candidates
 
 JOB_NAME = "cifarflow-controller"
 LOG_DIR = ".snakemake/controller"  # beside Snakemake's own logs, in the working directory
@@ -25,19 +26,16 @@ FINISHED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NOD
             "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
 
 
-def longest_cpu_time(partitions: list[dict]) -> str | None:
-    """The longest MaxTime of the partitions a 1-core job can be routed to (up, not hidden,
-    with a node without GPUs), in Slurm's format; None where none says."""
-    best, text = -1.0, None
-    for record in partitions:
-        if record.get("State", "UP") != "UP" or record.get("Hidden") == "YES":
-            continue
-        minutes = slurm_minutes(record.get("MaxTime", ""))
-        if minutes is None:
-            return None  # unlimited: the partition's default time is the job's
-        if minutes > best:
-            best, text = minutes, record["MaxTime"]
-    return text
+def longest_cpu_time(partitions: dict[str, dict] | None, named: str = "") -> int | None:
+    """The longest MaxTime (minutes) of the partitions a 1-core job can go to, as the plan
+    sees them (routing.candidates); None where one has none or Slurm does not say."""
+    if not partitions:
+        return None
+    places, _ = candidates(partitions, named, gpu=False)
+    times = [p["max_time_min"] for p in places]
+    if not times or None in times:  # unlimited: the partition's default time is the job's
+        return None
+    return int(max(times))
 
 
 def snakemake_argv(args: list[str], basedir: Path, bin_dir: Path) -> list[str]:
@@ -49,7 +47,7 @@ def snakemake_argv(args: list[str], basedir: Path, bin_dir: Path) -> list[str]:
     return argv
 
 
-def sbatch_argv(command: list[str], *, account: str, time_limit: str | None, mem_mb: int,
+def sbatch_argv(command: list[str], *, account: str, time_limit: str | int | None, mem_mb: int,
                 workdir: Path, log: Path) -> list[str]:
     """One 1-core job running the controller in the working directory, its output in `log`."""
     argv = ["sbatch", "--parsable", f"--job-name={JOB_NAME}", "--ntasks=1",
@@ -83,12 +81,12 @@ def follow(job: str, log: Path, out=sys.stdout, poll_s: float = 2.0,
         time.sleep(poll_s)
 
 
-def submit(args: list[str], *, account: str, time_limit: str | None, mem_mb: int,
+def submit(args: list[str], *, account: str, time_limit: str | int | None, mem_mb: int,
            basedir: Path, workdir: Path, bin_dir: Path, follow_log: bool = True) -> int:
     """Submit the controller job; follow it where asked. The exit status: 0 when the
     workflow ended well (or was only submitted), 1 when its job did not."""
     if time_limit is None:
-        time_limit = longest_cpu_time(slurm.records("partition"))
+        time_limit = longest_cpu_time(read_partitions(), os.environ.get("SLURM_PARTITION", ""))
     stamp = time.strftime("%Y%m%dT%H%M%S")
     log = (workdir / LOG_DIR / f"controller-{stamp}.log").resolve()
     log.parent.mkdir(parents=True, exist_ok=True)
