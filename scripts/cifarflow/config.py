@@ -12,6 +12,7 @@ import json
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
+from .model_cards import NO_AUGMENT, card_of
 from .schema import fill_defaults, schema
 
 # Fields that change what is trained; a checkpoint refuses to resume if any differs.
@@ -26,23 +27,15 @@ SHAPING_FIELDS = ("strategy", "model", "model_args", "epochs", "batch_size", "op
 # Shaping fields added since the first checkpoints, with the value that trains as before
 # them: a checkpoint that lacks one trained with that value, and a config that has it hashes
 # as if it were absent, so upgrading resumes the runs under way (eval.tta is not shaping).
-NEUTRAL = {"augment": {"flip": False, "crop": 0}, "label_smoothing": 0.0}
+NEUTRAL = {"augment": dict(NO_AUGMENT), "label_smoothing": 0.0}
 
-# train.augment's "auto": what each registered model is known to need. None for the seed's
-# LeNet (the seed trains without, and the seed comparison stays fair); flips and 4-pixel
-# translations for ResNet-18 (kuangliu/pytorch-cifar's RandomCrop(32, padding=4) +
-# RandomHorizontalFlip); flips and 2-pixel translations for fastnet (airbench94's recipe,
-# arXiv 2404.00498). A model of your own (package.module:factory) gets none.
-MODEL_AUGMENT = {"lenet": {"flip": False, "crop": 0},
-                 "resnet18": {"flip": True, "crop": 4},
-                 "fastnet": {"flip": True, "crop": 2}}
 AUTO = "auto"
 
 
 def resolve_augment(model: str, augment: dict | None) -> dict:
     """train.augment with each "auto" (or missing) key replaced by the model's default
-    (MODEL_AUGMENT): the one place a model's augmentation is decided."""
-    known = MODEL_AUGMENT.get(model, NEUTRAL["augment"])
+    (its card: model_cards.py): the one place a model's augmentation is decided."""
+    known = card_of(model).augment
     given = dict(augment or {})
     return {key: known[key] if given.get(key, AUTO) == AUTO else given[key]
             for key in ("flip", "crop")}

@@ -1,5 +1,5 @@
 """What a plan will hold under results/, said at `snakemake -n`: the registered models'
-sizes stay those of their code, the count of files, folders and bytes of every segment, and
+sizes (their cards: test_model_cards.py), the count of files, folders and bytes of every segment, and
 that count against the room under results: (statvfs, a recorded `lfs quota` answer)."""
 
 import pytest
@@ -9,20 +9,8 @@ from test_workflow_plan import bin_dir  # noqa: F401
 from cifarflow.controller.pack_plan import build_packs
 from cifarflow.controller.plan import KEEP_ALL_RUNS, build_runs, settle_keep_weights
 from cifarflow.controller.quota import check_room, parse_lfs_quota, room
-from cifarflow.controller.storage import (CIFAR_BYTES, FIXED_INODES, MODEL_BYTES, describe,
-                                          estimate, state_bytes)
-
-
-@pytest.mark.parametrize("name", sorted(MODEL_BYTES))
-def test_the_size_table_is_the_models_own(name):
-    import torch
-
-    from cifarflow.engine.models import build_model
-
-    with torch.device("meta"):  # no memory: only the shapes
-        model = build_model(name)
-    assert MODEL_BYTES[name] == (sum(p.numel() * p.element_size() for p in model.parameters()),
-                                 sum(b.numel() * b.element_size() for b in model.buffers()))
+from cifarflow.controller.storage import (CIFAR_BYTES, FIXED_INODES, describe, estimate,
+                                          state_bytes)
 
 
 def test_a_checkpoint_holds_weights_and_the_optimizers_buffers():
@@ -30,6 +18,8 @@ def test_a_checkpoint_holds_weights_and_the_optimizers_buffers():
     assert state_bytes("lenet", "sgd", 0.0) == 248_024
     assert state_bytes("resnet18", "adam", 0.0) == 3 * 44_695_848 + 38_560
     assert state_bytes("pkg.mod:factory", "sgd", 0.9) is None
+    measured = {"pkg.mod:factory": (1_000, 24)}  # what check_user_models built
+    assert state_bytes("pkg.mod:factory", "sgd", 0.9, measured) == 2 * 1_000 + 24
 
 
 def test_the_line_counts_every_segment_and_what_keep_last_would_hold():

@@ -45,7 +45,7 @@ class MainProcess:
 
         keep_restarted_jobs_ready()  # retried segments are not lost when a checkpoint finishes
         try:
-            check_user_models(self.runs.values())
+            self.user_model_sizes = check_user_models(self.runs.values())
         except ValueError as exc:
             raise self.error(f"config error: {exc}")
         self.check_results_dir()
@@ -147,7 +147,8 @@ class MainProcess:
     def storage(self) -> storage.Estimate:
         """What the plan will hold under results/ (storage.py)."""
         return storage.estimate(self.runs.values(), self.packs.values(),
-                                self.config["data"]["source"] != "synthetic")
+                                self.config["data"]["source"] != "synthetic",
+                                self.user_model_sizes)
 
     @property
     def keep_weights(self) -> str:

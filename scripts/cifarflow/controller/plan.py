@@ -221,11 +221,15 @@ def search_round_values(search: Search, strategy: str, r: int,
     return search.planned(r) if search.predetermined(r) else None
 
 
-def check_user_models(runs) -> None:
+def check_user_models(runs) -> dict[str, tuple[int, int]]:
     """Import, build and try every ``package.module:factory`` model (imports torch: only
-    where a config names such a model; check_model remembers what it checked)."""
+    where a config names such a model; check_model remembers what it checked); the sizes
+    (parameter and buffer bytes) of each, for the storage estimate."""
+    sizes = {}
     for run in runs:
         if ":" in run.config.model:
             from ..engine.models import check_model
 
-            check_model(run.config.model, run.config.model_args, run.config.channels_last)
+            card = check_model(run.config.model, run.config.model_args, run.config.channels_last)
+            sizes[run.config.model] = card.sizes
+    return sizes

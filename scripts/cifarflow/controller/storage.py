@@ -1,8 +1,8 @@
 """What a plan will hold under results/: files, directories and bytes, said at `snakemake
 -n` and compared with the filesystem under results: (quota.py), so a sweep is sized against
 a /project or /scratch quota before it runs. No torch here: the registered models' sizes
-are a table (tests/unit/test_storage.py holds it to the models' code); a user's
-``module:factory`` model is counted from the one check_user_models built.
+are on their cards (model_cards.py); a user's ``module:factory`` model is counted from the
+one check_user_models built.
 
 Counted per run, per segment and per try as the rules and the engine write them (layout.py;
 tests/integration/test_storage_count.py holds the count to a real run's files): one try per
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-# bytes of a registered model's parameters and of its buffers (float32)
-MODEL_BYTES = {"lenet": (248_024, 0), "resnet18": (44_695_848, 38_560)}
+from ..model_cards import card_of
+
 # optimizer state per parameter: SGD with momentum keeps one buffer, Adam two
 OPTIMIZER_SLOTS = {"sgd": 1, "adam": 2}
 # a run's own: runs/<run>/ with spec.json and tries.jsonl, its work/ (the in-segment
@@ -37,11 +37,12 @@ SMALL_BYTES_PER_SEGMENT = 20_000  # the JSON, logs and event files of a segment,
 
 def state_bytes(model: str, optimizer: str, momentum: float,
                 user_sizes: dict[str, tuple[int, int]] | None = None) -> int | None:
-    """A checkpoint's weights and optimizer state, about; None for a model of unknown size."""
-    sizes = {**MODEL_BYTES, **(user_sizes or {})}
-    if model not in sizes:
+    """A checkpoint's weights and optimizer state, about; None for a model of unknown size
+    (its card's sizes, or a user's model's as check_user_models measured them)."""
+    sizes = card_of(model).sizes or (user_sizes or {}).get(model)
+    if sizes is None:
         return None
-    params, buffers = sizes[model]
+    params, buffers = sizes
     slots = OPTIMIZER_SLOTS.get(optimizer, 2) if optimizer != "sgd" or momentum else 0
     return params * (1 + slots) + buffers
 

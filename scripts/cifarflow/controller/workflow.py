@@ -96,6 +96,7 @@ class WorkflowPlan(MainProcess, JobSoftware, SegmentRules, Outputs, SearchRounds
         self.chain = Chain(runs, packs, self.prune, self.max_segments, self.segment_output,
                            pending)
         self.sizing_logged: set = set()
+        self.user_model_sizes: dict = {}  # measured at -n (check_user_models)
         self.init_search(Search.from_sweep(config["sweep"], sweep_item_schemas()))
 
     def placement(self, gpu: bool) -> dict:

@@ -16,10 +16,17 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..model_cards import CARDS, ModelCard, user_card
+
 MODELS: dict[str, Callable[[], nn.Module]] = {}
 
 
 def register(name: str):
+    """A model of the registry: its card (model_cards.CARDS) says what the controller knows
+    of it; a factory without one is a mistake of this package, said at import."""
+    if name not in CARDS:
+        raise ValueError(f"model {name!r} has no card: add one to cifarflow/model_cards.py")
+
     def deco(factory):
         MODELS[name] = factory
         return factory
@@ -60,15 +67,16 @@ def model_factory(name: str) -> Callable[..., nn.Module]:
     return factory
 
 
-def check_model(name: str, args: dict | None = None, channels_last: bool = False) -> None:
+def check_model(name: str, args: dict | None = None, channels_last: bool = False) -> ModelCard:
     """Build the model on CPU and run a forward pass on a (2, 3, 32, 32) batch of zeros,
     which must give (2, 10) logits; then, for a run with train.channels_last, on the same
-    batch in that memory format, as training feeds it. Any failure is one ValueError line."""
-    _check_model(name, json.dumps(args or {}, sort_keys=True), channels_last)
+    batch in that memory format, as training feeds it. Any failure is one ValueError line.
+    Its card, with the sizes of the model built."""
+    return _check_model(name, json.dumps(args or {}, sort_keys=True), channels_last)
 
 
 @functools.cache  # the planner asks once per run; a sweep repeats the same model
-def _check_model(name: str, args_json: str, channels_last: bool) -> None:
+def _check_model(name: str, args_json: str, channels_last: bool) -> ModelCard:
     args = json.loads(args_json)
     call = f"{name}(**{args})" if args else f"{name}()"
     factory = model_factory(name)
@@ -98,6 +106,7 @@ def _check_model(name: str, args_json: str, channels_last: bool) -> None:
                              f"(train.channels_last: true, the default): {one_line(exc)}; "
                              "flatten with torch.flatten or .reshape rather than .view, or set "
                              "train.channels_last: false") from None
+    return user_card(name, model)
 
 
 def one_line(exc: BaseException) -> str:
