@@ -20,7 +20,9 @@ from packaging.utils import canonicalize_name
 from conftest import ENV, PY, ROOT, build_wheelhouse, snakemake, spec
 from cifarflow.job.job_env import put_engine_first
 from cifarflow.jobfacts import job_fact, keep_slurm_job_values
-from cifarflow.controller.wheelhouse import TRAINING_STACK, installed_closure
+from cifarflow.config import with_defaults
+from cifarflow.controller.plan import build_runs
+from cifarflow.controller.wheelhouse import installed_closure, training_stack
 
 SUBCOMMANDS = ("fetch-data", "extract-data", "train", "record-env", "aggregate", "show",
                "launch", "mps-run")
@@ -28,13 +30,13 @@ SUBCOMMANDS = ("fetch-data", "extract-data", "train", "record-env", "aggregate",
 
 def project_copy(tmp_path: Path) -> Path:
     """What a clone holds of what the install reads: pyproject.toml, README.md (the long
-    description), requirements.txt (the dependencies), the package, and the schema the
-    package reads at run time."""
+    description), requirements.txt and requirements-optional.txt (the dependencies, the
+    `optional` extra), the package, and the schema the package reads at run time."""
     project = tmp_path / "project"
     shutil.copytree(ROOT / "scripts", project / "scripts",
                     ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     shutil.copytree(ROOT / "workflow" / "schemas", project / "workflow" / "schemas")
-    for name in ("pyproject.toml", "README.md", "requirements.txt"):
+    for name in ("pyproject.toml", "README.md", "requirements.txt", "requirements-optional.txt"):
         shutil.copy(ROOT / name, project / name)
     return project
 
@@ -94,7 +96,12 @@ def test_wheel_holds_every_module_the_command_and_the_ranges_constraints_pin(tmp
     # version the range accepts, the one installed here
     requires = [Requirement(line.split(":", 1)[1]) for line in metadata.splitlines()
                 if line.startswith("Requires-Dist:")]
-    assert sorted(map(str, requires)) == sorted(map(str, requirements_in(ROOT / "requirements.txt")))
+    core = [str(r) for r in requires if r.marker is None]
+    assert sorted(core) == sorted(map(str, requirements_in(ROOT / "requirements.txt")))
+    extra = [r for r in requires if r.marker is not None]  # pip install 'cifarflow[optional]'
+    assert all(r.marker.evaluate({"extra": "optional"}) for r in extra)
+    assert sorted(f"{r.name}{r.specifier}" for r in extra) == \
+        sorted(map(str, requirements_in(ROOT / "requirements-optional.txt")))
     pins = pinned(ROOT / "constraints.txt")
     for req in requires:
         pin = pins.get(canonicalize_name(req.name))
@@ -232,11 +239,13 @@ def venv_of(dists: dict, path: Path) -> Path:
 
 @pytest.mark.slow  # builds a venv: about 15 s
 def test_a_job_venv_needs_the_training_stack_only(tmp_path, cifar_dir):
-    """env.mode slurm_tmpdir installs the training stack alone in each job (at this venv's
-    versions: cifarflow/controller/wheelhouse.py). A venv holding exactly that (its distributions and
-    what they require, linked from this venv; the engine from PYTHONPATH, as in the jobs)
-    runs a segment with TensorBoard, a Lightning segment and the environment record."""
-    dists = installed_closure(TRAINING_STACK)
+    """env.mode slurm_tmpdir installs what the plan's runs import alone in each job (at this
+    venv's versions: cifarflow/controller/wheelhouse.py). A venv holding exactly that for a
+    plan of cpu and lightning runs (its distributions and what they require, linked from
+    this venv; the engine from PYTHONPATH, as in the jobs) runs a segment with TensorBoard,
+    a Lightning segment and the environment record."""
+    runs = build_runs(with_defaults({"strategies": ["cpu", "lightning"]}))
+    dists = installed_closure(training_stack(runs.values()))
     assert not {"snakemake", "pandas", "matplotlib", "pytest", "tabulate"} & set(dists)
     python = venv_of(dists, tmp_path / "job-venv")
     probe = subprocess.run([python, "-c", "import torch, lightning; import pandas"], env=ENV,
@@ -257,18 +266,27 @@ def test_a_job_venv_needs_the_training_stack_only(tmp_path, cifar_dir):
 README_COMMANDS = {  # the README's everyday commands -> distributions they import beyond the core
     "snakemake --report": {"snakemake", "pygments", "jinja2", "docutils"},
     "snakemake summarize_partial": {"snakemake", "pandas", "matplotlib", "tabulate"},
-    "make tensorboard": {"tensorboard"},
     "cifarflow show": {"pandas"},
+}
+OPTIONAL_COMMANDS = {  # what requirements-optional.txt adds (cifarflow install-optional)
+    "make tensorboard": {"tensorboard"},
+    "cifarflow dashboard": {"optuna-dashboard"},
+    "strategies: [lightning]": {"lightning", "lightning-utilities"},
 }
 
 
 def test_requirements_closure_holds_what_the_readme_commands_import():
     """What `pip install -r requirements.txt` brings (this venv's versions, extras
-    followed): snakemake's report needs pygments, which only its `reports` extra brings."""
+    followed): snakemake's report needs pygments, which only its `reports` extra brings;
+    the optional list brings the rest, and requirements.txt needs none of it."""
     dists = installed_closure(requirements_in(ROOT / "requirements.txt"))
     for command, needs in README_COMMANDS.items():
         assert needs <= set(dists), f"{command}: requirements.txt lacks {needs - set(dists)}"
     assert "pytest" not in dists  # the dev packages are not part of it
+    optional = installed_closure(requirements_in(ROOT / "requirements-optional.txt"))
+    for command, needs in OPTIONAL_COMMANDS.items():
+        assert needs <= set(optional), f"{command}: the optional list lacks {needs - set(optional)}"
+        assert not {"lightning", "tensorboard", "optuna-dashboard"} & needs & set(dists), command
 
 
 @pytest.mark.slow
@@ -277,7 +295,7 @@ def test_every_readme_command_runs_in_an_environment_of_requirements_txt_alone(t
     (linked from this venv: a fresh install would fetch ~5 GB of torch and CUDA wheels)
     plus this project installed as `make run` does (`pip install --no-deps -e`),
     activated: the README's everyday commands, a local run of the test config included,
-    all succeed there."""
+    all succeed there, none of the optional packages installed."""
     python = venv_of(installed_closure(requirements_in(ROOT / "requirements.txt")),
                      tmp_path / "venv")
     assert subprocess.run([python, "-c", "import pytest"], capture_output=True).returncode != 0
@@ -295,7 +313,10 @@ def test_every_readme_command_runs_in_an_environment_of_requirements_txt_alone(t
     run([*smk, "--report", work / "results/report.html"], env=env, timeout=300)
     assert (work / "results/report.html").stat().st_size > 10_000
     run([*smk, "--cores", "1", "summarize_partial"], env=env, timeout=300)
-    assert "--logdir" in run(["tensorboard", "--help"], env=env).stdout
+    # tensorboard is optional: the run went on without its curves, and said so once
+    log = (work / "results/logs/train/cpu/segment-1.log").read_text()
+    assert log.count("TensorBoard curves not written: tensorboard is not installed") == 1, log
+    assert not (work / "results/tensorboard").exists()
 
 
 # releases other than constraints.txt's, as a site's wheelhouse carries its own

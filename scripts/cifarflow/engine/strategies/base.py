@@ -70,6 +70,7 @@ class Strategy:
     launched: ClassVar[bool] = False       # several processes, started by `cifarflow launch`
     self_spawning: ClassVar[bool] = False  # starts its own workers outside Slurm
     channels_last_params: ClassVar[bool] = True  # FSDP shards only contiguous parameters
+    packages: ClassVar[tuple] = ()         # optional distributions its processes import
 
     def __init_subclass__(cls, **kw):
         super().__init_subclass__(**kw)
