@@ -4,6 +4,7 @@ pins; jobs import the workflow's own checkout first."""
 
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from conftest import ENV, PY, ROOT, build_wheelhouse, snakemake, spec
-from cifarflow.job.job_env import put_engine_first
+from cifarflow.job.job_env import prologue, put_engine_first
 from cifarflow.jobfacts import job_fact, keep_slurm_job_values
 from cifarflow.config import with_defaults
 from cifarflow.controller.plan import build_runs
@@ -154,6 +155,67 @@ def test_jobs_import_the_workflows_own_checkout_first(tmp_path):
     environ = {}
     put_engine_first(tmp_path, environ)
     assert environ["PYTHONPATH"] == str(tmp_path)
+
+
+# what a job's Python prints: which numpy and which engine it imports
+JOB_PYTHON = "import numpy, cifarflow; print(numpy.__version__, cifarflow.__file__)"
+LMOD_INIT = Path("/usr/share/lmod/lmod/init/bash")
+
+
+def shadowing_numpy(tmp_path: Path) -> Path:
+    """A folder holding a `numpy` package, as a scipy-stack module puts on PYTHONPATH."""
+    (tmp_path / "stack/numpy").mkdir(parents=True)
+    (tmp_path / "stack/numpy/__init__.py").write_text('__version__ = "1.0.0+shadow"\n')
+    return tmp_path / "stack"
+
+
+def job_env(modules: list[str]) -> dict:
+    return with_defaults({"env": {"modules": modules}})["env"]
+
+
+def in_bash(script: str, pythonpath: Path) -> list[str]:
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(pythonpath)})
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout.split()
+
+
+def test_a_job_imports_its_own_numpy_whatever_the_login_shell_put_on_pythonpath(tmp_path):
+    """--export=ALL hands a job the login shell's PYTHONPATH: a scipy-stack's numpy there
+    wins over the job's own. After the prologue (job_env.prologue: `module purge` where a
+    `module` command exists, env.modules, PYTHONPATH the engine's alone) the job's Python
+    imports the real numpy and this checkout's engine."""
+    stack = shadowing_numpy(tmp_path)
+    job = f"{PY} -c {shlex.quote(JOB_PYTHON)}"
+    assert in_bash(job, stack)[0] == "1.0.0+shadow"  # what a job imported before
+    calls = tmp_path / "module-calls"  # Lmod's `module` is a shell function, exported
+    module = f'module() {{ echo "$*" >> {calls}; }}; export -f module; '
+    start = prologue(job_env(["StdEnv/2023", "python/3.11"]), ROOT, tmp_path / "r.txt")
+    assert in_bash(module + start + job, stack) == [
+        version("numpy"), str(ROOT / "scripts/cifarflow/__init__.py")]
+    assert calls.read_text() == "purge\nload StdEnv/2023 python/3.11\n"
+    # no `module` command at all (a cluster without modules), none named: still clean
+    assert in_bash(prologue(job_env([]), ROOT, tmp_path / "r.txt") + job, stack)[0] == \
+        version("numpy")
+
+
+@pytest.mark.skipif(not LMOD_INIT.is_file(), reason="no Lmod here (Debian's lmod)")
+def test_module_purge_with_lmod_unloads_the_login_shells_modules(tmp_path):
+    """With Debian's Lmod: a module loaded in the login shell that puts a numpy on
+    PYTHONPATH is gone once the prologue purged and loaded env.modules."""
+    stack = shadowing_numpy(tmp_path)
+    for name, body in {"shadow/1.0": f'prepend_path("PYTHONPATH", "{stack}")',
+                       "tidy/1.0": 'setenv("CIFARFLOW_TIDY", "loaded")'}.items():
+        (tmp_path / "modules" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "modules" / f"{name}.lua").write_text(body + "\n")
+    login = (f"source {LMOD_INIT} && export MODULEPATH={tmp_path / 'modules'} && "
+             "module load shadow/1.0 && ")
+    job = f"{PY} -c {shlex.quote(JOB_PYTHON)}; echo $CIFARFLOW_TIDY; module -t list 2>&1"
+    assert in_bash(login + job, tmp_path)[0] == "1.0.0+shadow"
+    start = prologue(job_env(["tidy/1.0"]), ROOT, tmp_path / "r.txt")
+    found = in_bash(login + start + job, tmp_path)
+    assert found[:3] == [version("numpy"), str(ROOT / "scripts/cifarflow/__init__.py"), "loaded"]
+    assert "shadow/1.0" not in found and "tidy/1.0" in found
 
 
 def test_slurm_values_are_kept_once_per_job():
