@@ -392,17 +392,29 @@ def is_cuda_stack(name: str) -> bool:
     return name in ("torch", "torchvision", "triton") or name.startswith(("nvidia-", "cuda-"))
 
 
+# optional wheels a site's wheelhouse may lack (Alliance's lists no optuna-dashboard)
+LACKING = ("lightning", "optuna-dashboard")
+
+
 @pytest.mark.slow  # fetches ~60 MB of wheels from the registry (or pip's cache)
-def test_the_cluster_recipe_resolves_against_a_wheelhouse_of_other_releases(tmp_path):
-    """docs/slurm.md's login-node install, `pip install --no-index --upgrade pip`,
-    `pip install --no-index -r requirements.txt` and `pip install --no-index --no-deps -e .`, with --find-links to a wheelhouse made here
-    whose pyyaml, numpy and tabulate are other releases than constraints.txt's, and pip's
-    configuration out of the way: requirements.txt's ranges resolve to what the wheelhouse
-    holds, `snakemake -n` plans, and the job venvs (env.mode slurm_tmpdir) ask for the
-    wheelhouse's releases, which the plan's wheelhouse check accepts. torch, torchvision and
-    their CUDA libraries are linked into the new venv from this one first (5.5 GB installed;
-    the Slurm test of slurm_tmpdir installs them from a wheelhouse for real)."""
-    closure = installed_closure(requirements_in(ROOT / "requirements.txt"))
+def test_the_cluster_recipe_installs_from_a_wheelhouse_of_other_releases_lacking_optional_wheels(
+        tmp_path):
+    """docs/install.md's login-node install, `pip install --no-index --upgrade pip`,
+    `pip install --no-index -r requirements.txt`, `pip install --no-index --no-deps -e .` and
+    `cifarflow install-optional --no-index`, with --find-links to a wheelhouse made here
+    whose pyyaml, numpy and tabulate are other releases than constraints.txt's and which
+    lacks lightning and optuna-dashboard (and what only they need), pip's configuration out
+    of the way: requirements.txt's ranges resolve to what the wheelhouse holds (all of the
+    list at once, optional ones included, would not), install-optional names the two
+    missing and installs the rest, `snakemake -n` plans a cpu run whose job venvs
+    (env.mode slurm_tmpdir) ask for the wheelhouse's releases and no lightning, which the
+    plan's wheelhouse check accepts, and refuses a lightning run naming the package.
+    torch, torchvision and their CUDA libraries are linked into the new venv from this one
+    first (5.5 GB installed; the Slurm test of slurm_tmpdir installs them for real)."""
+    everything = requirements_in(ROOT / "requirements.txt") + \
+        requirements_in(ROOT / "requirements-optional.txt")
+    closure = installed_closure([r for r in everything if r.name not in LACKING])
+    assert not set(LACKING) & set(closure) and "lightning-utilities" not in closure
     wanted = {name: OTHER_RELEASES.get(name, dist.version) for name, dist in closure.items()}
     wanted["setuptools"] = version("setuptools")  # pip's build isolation builds the project
     wanted["pip"] = version("pip")  # the recipe's first step upgrades the venv's own
@@ -412,6 +424,10 @@ def test_the_cluster_recipe_resolves_against_a_wheelhouse_of_other_releases(tmp_
     pip = [sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-index",
            "--find-links", wheelhouse]
     run([*pip, "--upgrade", "pip"], env=ONLY_THE_WHEELHOUSE)
+    at_once = subprocess.run([*pip, "--dry-run", "-r", ROOT / "requirements.txt", "-r",
+                              ROOT / "requirements-optional.txt"], capture_output=True,
+                             text=True, env={**os.environ, **ONLY_THE_WHEELHOUSE}, timeout=600)
+    assert at_once.returncode != 0 and "No matching distribution found for" in at_once.stderr
     run([*pip, "-r", ROOT / "requirements.txt"], env=ONLY_THE_WHEELHOUSE, timeout=600)
     run([*pip, "--no-deps", "-e", project_copy(tmp_path)], env=ONLY_THE_WHEELHOUSE)
     got = run([python, "-c", "from importlib.metadata import version as v; "
@@ -421,12 +437,33 @@ def test_the_cluster_recipe_resolves_against_a_wheelhouse_of_other_releases(tmp_
     bin_dir = python.parent
     env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "VIRTUAL_ENV": str(python.parent.parent),
            **ONLY_THE_WHEELHOUSE}
+    said = run(["cifarflow", "install-optional", "--no-index", "--find-links", wheelhouse],
+               env=env, timeout=600).stdout
+    for name in LACKING:
+        assert re.search(rf"^MISSING {name}\S* \(.*No matching distribution", said, re.M), said
+    for name in ("tensorboard", "nvidia-ml-py"):
+        assert re.search(rf"^installed {name}\S*: ", said, re.M), said
+    assert "2 optional package(s) not installed" in said
+    got = run([python, "-c", "from importlib.metadata import version as v; "
+               "print(*(v(n) for n in ('pyyaml', 'numpy', 'tensorboard')))"]).stdout.split()
+    assert got == [*list(OTHER_RELEASES.values())[:2], version("tensorboard")]  # none changed
+
     job_venvs = tmp_path / "job_venvs.yaml"
     job_venvs.write_text(f"env: {{mode: slurm_tmpdir, find_links: {wheelhouse}}}\n")
     work = tmp_path / "work"
-    out = run(["snakemake", "-s", ROOT / "Snakefile", "--directory", work, "-n", "--configfile",
-               ROOT / "tests/configs/local/config.yaml", job_venvs], env=env, timeout=300)
+    smk = ["snakemake", "-s", ROOT / "Snakefile", "--directory", work, "-n", "--configfile",
+           ROOT / "tests/configs/local/config.yaml", job_venvs]
+    out = run(smk, env=env, timeout=300)
     assert "holds every job requirement" in out.stdout + out.stderr
+    assert "train_cpu" in out.stdout  # planned: its segments are jobs
     pins = (work / "results/environment/job-requirements.txt").read_text()
     assert "\nnumpy==2.4.5\n" in pins and "\npyyaml==6.0.3\n" in pins
     assert "tabulate" not in pins  # the login node's, not the training's
+    assert "lightning" not in pins and "\ntensorboard==" in pins  # a cpu run, with curves
+    refused = subprocess.run([*map(str, smk), "--config", "strategies=[lightning]"],
+                             capture_output=True, text=True, timeout=300,
+                             env={**os.environ, **env})
+    text = refused.stdout + refused.stderr
+    assert refused.returncode != 0 and "strategy lightning (config strategies): it needs " \
+        "lightning>=2.0,<3" in text, text[-3000:]
+    assert "Traceback" not in text
