@@ -9,12 +9,12 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: run test test-fast lint debian-packages dry-run bench gpu-check tensorboard slurm-up slurm-down clean
 
-# requirements.txt at the exact versions of constraints.txt, then this project itself: the
-# `cifarflow` command the rules call
-$(STAMP): requirements.txt constraints.txt pyproject.toml
+# requirements.txt and requirements-optional.txt at the exact versions of constraints.txt,
+# then this project itself: the `cifarflow` command the rules call
+$(STAMP): requirements.txt requirements-optional.txt constraints.txt pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -r requirements.txt -c constraints.txt
+	$(PY) -m pip install -q -r requirements.txt -r requirements-optional.txt -c constraints.txt
 	$(PY) -m pip install -q --no-deps -e .
 	touch $(STAMP)
 

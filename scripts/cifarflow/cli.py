@@ -127,13 +127,24 @@ def cmd_aggregate(a) -> None:
 
 
 def cmd_dashboard(a) -> None:
+    from .controller.optional_packages import not_installed
     from .results.study import journal_of, serve_dashboard
 
     journal = Path(a.results) if Path(a.results).is_file() else journal_of(a.results)
     if journal is None:
         raise SystemExit(f"cifarflow dashboard: no study under {a.results} (sweep.search writes "
                          f"{a.results}/search/study.journal)")
+    lacking = not_installed("optuna-dashboard")
+    if lacking:
+        raise SystemExit(f"cifarflow dashboard: {lacking}")
     serve_dashboard(journal, a.host, a.port)
+
+
+def cmd_install_optional(a) -> None:
+    from .controller.optional_packages import install_optional
+
+    install_optional((["--no-index"] if a.no_index else [])
+                     + (["--find-links", a.find_links] if a.find_links else []))
 
 
 def cmd_show(a) -> None:
@@ -265,8 +276,15 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("results", nargs="?", default="results", help="the results directory (or "
                    "the journal file itself)")
     d.add_argument("--host", default="127.0.0.1")
-    d.add_argument("--port", type=int, default=8080)
+    d.add_argument("--port", type=int, default=None, help="default: a free port, printed with "
+                   "the `ssh -L` line that reaches it")
     d.set_defaults(func=cmd_dashboard)
+
+    o = sub.add_parser("install-optional", help="pip install requirements-optional.txt's "
+                       "packages one by one (lightning, tensorboard, ...): says which are missing")
+    o.add_argument("--no-index", action="store_true", help="the site's wheelhouse only (Alliance)")
+    o.add_argument("--find-links", default="", help="a folder of wheels of your own")
+    o.set_defaults(func=cmd_install_optional)
 
     s = sub.add_parser("show", help="the results at a glance: run, strategy, test_acc, "
                        "images/s, wall, status and the advice's verdict, best first")

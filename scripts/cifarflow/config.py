@@ -96,6 +96,7 @@ class TrainConfig:
     log_interval_s: float
     checkpoint_interval_s: float
     deterministic: bool
+    tensorboard: bool              # train.tensorboard: event files written (a report knob)
     world_size: int                # processes (ranks)
     nodes: int
     device: str                    # cpu | cuda | auto

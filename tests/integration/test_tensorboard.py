@@ -56,6 +56,16 @@ def test_two_segments_draw_one_curve(cifar_dir, tmp_path):
     assert_epoch_scalars(board, metrics_of(first) + metrics_of(second)[1:], STEPS)
 
 
+def test_train_tensorboard_false_writes_no_curves(cifar_dir, tmp_path):
+    """train.tensorboard: false (job venvs then install no tensorboard): the segment trains
+    and writes no event file, though the workflow hands it the directory."""
+    board = tmp_path / "tensorboard" / "cpu"
+    out = train(cifar_dir, tmp_path / "segment-1", spec_kw={**SPEC, "epochs": 1,
+                                                            "tensorboard": False},
+                tensorboard=board)
+    assert "(done)" in out.stdout and not board.exists()
+
+
 def test_a_retry_from_the_in_segment_checkpoint_hides_what_it_retrains(cifar_dir, tmp_path):
     board, work = tmp_path / "tensorboard" / "cpu", tmp_path / "work"
     steps = 2000 // 400

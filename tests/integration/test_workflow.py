@@ -427,9 +427,10 @@ def test_second_workflow_in_the_same_directory_is_refused(tmp_path):
 
 
 def test_alliance_environment_prologue(tmp_path):
-    """env.mode slurm_tmpdir: the job venv installs this venv's own versions of the training
-    stack (written at plan time, a dry run included) on every node of the job, and the
-    prologue hands its build time to the training."""
+    """env.mode slurm_tmpdir: the job venv installs this venv's own versions of what the
+    plan's runs import (written at plan time, a dry run included: a cpu run's, no lightning)
+    on every node of the job, after a clean module state, and the prologue hands its build
+    time to the training."""
     one_node = tmp_path / "one_node.yaml"
     one_node.write_text("env: {mode: slurm_tmpdir, modules: [python/3.11], check_wheelhouse: false}\n")
     out = snakemake(tmp_path, "-n", "-p", configfile=[CONFIGS / "local" / "config.yaml", one_node])
@@ -442,9 +443,13 @@ def test_alliance_environment_prologue(tmp_path):
                      r"export CIFARFLOW_ENV_BUILD_S=\$\(\(SECONDS - build_start\)\) && source",
                      train), train
     pins = derived.read_text()
-    for name in ("torch", "torchvision", "lightning", "numpy", "pyyaml", "tensorboard"):
+    for name in ("torch", "torchvision", "numpy", "pyyaml", "tensorboard"):
         assert f"\n{name}=={version(name)}\n" in pins, name  # this venv's, exactly
     assert "snakemake" not in pins and "pandas" not in pins
+    assert "lightning" not in pins and "nvidia-ml-py" not in pins  # a cpu run's: none
+    # a clean start: module purge, then env.modules, and PYTHONPATH the engine's alone
+    assert train.index("then module purge; fi && module load python/3.11 && export "
+                       f"PYTHONPATH={ROOT / 'scripts'} && ") < train.index("node_venv.sh")
     # the job's own shell starts the build; node_venv.sh runs it on every node the job holds
     assert "srun" not in train.split("python -m cifarflow train")[0]
 

@@ -15,7 +15,7 @@ import pytest
 
 from conftest import PY, ROOT, assert_bit_identical, build_wheelhouse, cli, metrics_of, state_of
 from conftest import probe_wheel, slurm_job_prefix, slurm_jobs, summary_rows, train_until_saved
-from cifarflow.controller.wheelhouse import TRAINING_STACK, installed_closure, job_requirements
+from cifarflow.controller.wheelhouse import CORE_STACK, CURVES, installed_closure, job_requirements
 from alliance import GPU_ACCOUNT
 from test_slurm import CONFIG, job_state, slurm, start_slurm, submitted, training_processes
 
@@ -139,7 +139,7 @@ def test_slurm_tmpdir_builds_the_real_training_stack_on_every_node(tmp_path):
     """env.mode slurm_tmpdir, the requirements derived from this venv (the training stack at
     its versions): the plan checks the wheelhouse, then each node of a two-node ddp job
     builds its own venv in its node-local SLURM_TMPDIR from the wheelhouse alone
-    (--no-index --find-links: torch, torchvision, lightning and all they need), and the
+    (--no-index --find-links: torch, torchvision, tensorboard and all they need), and the
     ranks train with that venv's Python. The build time reaches summary.csv."""
     plan = tmp_path / "plan"
     extra = multi_config(tmp_path, strategies=["ddp"], segments={"count": 1},
@@ -147,8 +147,9 @@ def test_slurm_tmpdir_builds_the_real_training_stack_on_every_node(tmp_path):
                          resources={"cpus_per_task": 1, "mem_mb": 3000, "runtime": 30},
                          env={"mode": "slurm_tmpdir", "pip_no_index": True,
                               "find_links": str(tmp_path / "wheelhouse")})
-    # what the plan will ask for, at this venv's versions: the wheelhouse holds exactly that
-    required = [line for line in job_requirements(installed_closure(TRAINING_STACK))
+    # what the plan will ask for (a cpu ddp run with curves), at this venv's versions: the
+    # wheelhouse holds exactly that
+    required = [line for line in job_requirements(installed_closure(CORE_STACK + (CURVES,)))
                 .splitlines() if not line.startswith("#")]
     build_wheelhouse(required, tmp_path / "wheelhouse")
     t0 = time.time()

@@ -80,25 +80,25 @@ def test_a_pack_spread_over_two_nodes_builds_its_job_venv_on_each(tmp_path):
     node): Slurm places members on both nodes, so the prologue builds the venv on every node
     the job holds (before, it built it on the batch node alone, and members elsewhere found
     no Python). Each member runs its own node's venv. The venvs hold a small wheel from a
-    wheelhouse; torch comes from the project venv through PYTHONPATH."""
+    wheelhouse; torch comes from the project venv through env.pythonpath (jobs are given
+    no login-shell PYTHONPATH)."""
     import subprocess
     from pathlib import Path
 
-    from conftest import PY, ROOT, probe_wheel, slurm_job_prefix, slurm_jobs
+    from conftest import PY, probe_wheel, slurm_job_prefix, slurm_jobs
 
     wheels = probe_wheel(tmp_path / "wheelhouse")
+    site = subprocess.run([PY, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
     (tmp_path / "job-requirements.txt").write_text("cifarflow-probe==0.1\n")
     config = sweep_config(tmp_path / "c.yaml", 4, 4, mem_mb=2000)
     extra = tmp_path / "multi.yaml"
     extra.write_text(json.dumps({
         "slurm": {"partition": "multi"}, "segments": {"count": 1},
         "env": {"mode": "slurm_tmpdir", "requirements": str(tmp_path / "job-requirements.txt"),
-                "find_links": str(wheels)}}))
-    site = subprocess.run([PY, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          capture_output=True, text=True, check=True).stdout.strip()
+                "find_links": str(wheels), "pythonpath": [site]}}))
     out = slurm(tmp_path, configfile=[config, extra],
-                env={"PYTHONPATH": f"{ROOT / 'scripts'}:{site}", "PIP_CONFIG_FILE": os.devnull,
-                     "PIP_FIND_LINKS": ""})
+                env={"PIP_CONFIG_FILE": os.devnull, "PIP_FIND_LINKS": ""})
     (job,) = submitted(out.stdout + out.stderr)["train_cpu"]
     venv = f"/localscratch/root.{job}.0/env"
     pack_log = next((tmp_path / "results/logs/packs").glob("cpu-pack*/segment-1.log")).read_text()

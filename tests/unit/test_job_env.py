@@ -8,25 +8,32 @@ from pathlib import Path
 from cifarflow.job.job_env import prologue
 
 ENV = {"mode": "current", "modules": [], "venv": "", "requirements": "",
-       "pip_no_index": True, "find_links": ""}
+       "pip_no_index": True, "find_links": "", "pythonpath": []}
 REQ = Path("/work/results/environment/job-requirements.txt")
+ENGINE = "export PYTHONPATH=/wf/scripts && "  # the engine's folder alone: no login-shell entries
 
 
-def test_current_needs_nothing_and_venv_activates_its_venv():
-    assert prologue(ENV, Path("/wf"), REQ) == ""
+def test_current_resets_pythonpath_and_venv_activates_its_venv():
+    assert prologue(ENV, Path("/wf"), REQ) == ENGINE
     assert prologue({**ENV, "mode": "venv", "venv": "/my env"}, Path("/wf"), REQ) == \
-        "source '/my env'/bin/activate && "
+        ENGINE + "source '/my env'/bin/activate && "
+    assert prologue({**ENV, "pythonpath": ["/my models", "/x"]}, Path("/wf"), REQ) == \
+        "export PYTHONPATH='/wf/scripts:/my models:/x' && "
 
 
-def test_slurm_tmpdir_loads_modules_then_builds_on_every_node():
+def test_slurm_tmpdir_purges_loads_modules_then_builds_on_every_node():
     env = {**ENV, "mode": "slurm_tmpdir", "modules": ["python/3.11", "arrow"], "find_links": "/w"}
     one = prologue(env, Path("/wf"), REQ)
-    assert one.startswith("module load python/3.11 arrow && export JOB_VENV=")
+    # Lmod's `module` is a shell function: purged only where it exists, then env.modules
+    assert one.startswith("if type module >/dev/null 2>&1; then module purge; fi && "
+                          "module load python/3.11 arrow && " + ENGINE + "export JOB_VENV=")
     assert "build_start=$SECONDS && /wf/workflow/scripts/node_venv.sh " \
            "/work/results/environment/job-requirements.txt --no-index --find-links /w && " \
            "export CIFARFLOW_ENV_BUILD_S=$((SECONDS - build_start)) && " \
            "source \"$JOB_VENV/bin/activate\" && " in one
     assert "--no-index" not in prologue({**env, "pip_no_index": False}, Path("/wf"), REQ)
+    # no modules named: the login shell's stay (a venv made on a python module needs it)
+    assert "module" not in prologue({**env, "modules": []}, Path("/wf"), REQ)
 
 
 def test_the_venv_is_built_once_on_every_node_the_job_holds(tmp_path):

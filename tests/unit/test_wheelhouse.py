@@ -13,8 +13,10 @@ import pytest
 
 from conftest import ROOT, probe_wheel
 from cifarflow.job.job_env import pip_index_args
-from cifarflow.controller.wheelhouse import (TRAINING_STACK, WheelhouseError, check_wheelhouse,
-                                  installed_closure, job_requirements, missing_in_wheelhouse)
+from cifarflow.controller.optional_packages import read_optional
+from cifarflow.controller.wheelhouse import (CORE_STACK, CURVES, GPU_SAMPLER, WheelhouseError,
+                                             check_wheelhouse, installed_closure,
+                                             job_requirements, missing_in_wheelhouse)
 
 
 
@@ -48,14 +50,18 @@ def test_the_closure_follows_markers_extras_and_skips_what_is_not_installed():
         ["aiohttp==3.9.0", "filelock==3.12.0"]
 
 
-def test_the_training_stack_is_what_requirements_txt_lists_first_and_this_venv_holds_it():
+def test_the_core_stack_is_what_requirements_txt_lists_first_and_this_venv_holds_it():
     listed = [line.split("#")[0].strip() for line in (ROOT / "requirements.txt").read_text()
               .splitlines()]
     names = [line.split(">")[0].split("<")[0].split("=")[0].split("[")[0]
              for line in listed if line]
-    assert names[:len(TRAINING_STACK)] == list(TRAINING_STACK)
-    closure = installed_closure(TRAINING_STACK)
-    assert set(TRAINING_STACK) <= set(closure)
+    assert names[:len(CORE_STACK)] == list(CORE_STACK)
+    # what some runs add is optional, each with what it is for
+    optional = {p.name: p.purpose for p in read_optional()}
+    assert {"lightning", CURVES, GPU_SAMPLER} <= set(optional) and all(optional.values())
+    assert not set(optional) & set(names)
+    closure = installed_closure(CORE_STACK + ("lightning", CURVES, GPU_SAMPLER))
+    assert set(CORE_STACK) <= set(closure)
     assert closure["torch"].version == metadata.version("torch")
     # the controller's own packages stay out of the job venvs
     assert not {"snakemake", "pandas", "matplotlib", "tabulate", "pytest"} & set(closure)

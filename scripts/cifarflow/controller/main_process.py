@@ -52,6 +52,7 @@ class MainProcess:
         self.check_kept_data()
         self.write_specs()
         self.announce()
+        self.check_strategy_packages()
         self.prepare_job_venvs()
         self.check_against_cluster()
         self.check_local_gpus(environ=environ)

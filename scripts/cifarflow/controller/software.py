@@ -11,8 +11,12 @@ from ..config import data_identity
 from ..engine.strategies.base import gpu_request
 from ..job.job_env import pip_index_args, prologue
 from .plan import PlanError
-from .wheelhouse import (CHECKS, JOB_REQUIREMENTS, TRAINING_STACK, WheelhouseError,
-                         check_wheelhouse, installed_closure, job_requirements, write_if_changed)
+from .optional_packages import not_installed
+from .wheelhouse import (CHECKS, CORE_STACK, JOB_REQUIREMENTS, WheelhouseError, check_wheelhouse,
+                         installed_closure, job_requirements, training_stack, write_if_changed)
+
+# what a job goes without where an optional package of its stack is not installed here
+WITHOUT = {"tensorboard": "no TensorBoard curves", "nvidia-ml-py": "no GPU utilisation"}
 
 
 def installed_command(bin_dir, basedir, error: type[Exception] = PlanError) -> str:
@@ -58,23 +62,55 @@ class JobSoftware:
             return self.basedir / self.env["requirements"]
         return Path(self.results, JOB_REQUIREMENTS).absolute()
 
+    def check_strategy_packages(self, lacking=not_installed) -> None:
+        """A run whose strategy imports an optional package (lightning) that the jobs'
+        environment lacks is refused here, naming it, rather than failing in every job.
+        env.mode venv: that venv; else this one (slurm_tmpdir's jobs pin its versions)."""
+        prefix = self.env["venv"] if self.env["mode"] == "venv" else None
+        classes = {run.strategy: run.strategy_class for run in self.runs.values()}
+        for strategy, cls in sorted(classes.items()):
+            for package in cls.packages:
+                missing = lacking(package, prefix)
+                if missing:
+                    raise self.error(f"strategy {strategy} (config strategies): {missing}; or "
+                                     f"take {strategy} out of strategies")
+
+    def check_pip_index(self) -> None:
+        """Compute nodes reach no package index: under profiles/slurm (--jobs), the job venvs
+        of env.mode slurm_tmpdir must install from the wheelhouse alone, or every job hangs
+        in pip while the dry run on the login node (which has internet) passes."""
+        if self.env["mode"] == "slurm_tmpdir" and not self.env["pip_no_index"] and \
+                self.jobs_at_once:
+            raise self.error(
+                "env.pip_no_index: false under profiles/slurm: compute nodes reach no package "
+                "index, so every job would hang in pip. Keep env.pip_no_index: true (the "
+                "site's wheelhouse) and put the wheels it lacks in a folder on a shared "
+                "filesystem named by env.find_links")
+
     def prepare_job_venvs(self, installed=installed_closure, check=check_wheelhouse) -> None:
         """env.mode slurm_tmpdir, in the main process: write the job requirements (the login
-        node's own versions of the training stack, unless the user names a file) and, with
-        env.check_wheelhouse, refuse the plan here if the wheelhouse cannot give them: one
-        pip dry run per new requirements digest, before any job is queued."""
+        node's own versions of what the plan's runs import, unless the user names a file)
+        and, with env.check_wheelhouse, refuse the plan here if the wheelhouse cannot give
+        them: one pip dry run per new requirements digest, before any job is queued."""
         if self.env["mode"] != "slurm_tmpdir":
             return
+        self.check_pip_index()
         if not self.env["requirements"]:
-            closure = installed(TRAINING_STACK)
-            absent = [name for name in TRAINING_STACK if name not in closure]
-            if absent:
+            stack = training_stack(self.runs.values())
+            closure = installed(stack)
+            absent = [name for name in stack if name not in closure]
+            if set(absent) & set(CORE_STACK):
                 raise self.error(f"env.mode slurm_tmpdir: the job venvs install the training "
                                  f"stack at this venv's versions, but {', '.join(absent)} "
                                  "is not installed here: pip install -r requirements.txt")
+            for name in absent:  # optional, and the jobs can go without (checked: lightning)
+                self.log.warning(f"WARNING: {name} is not installed here, so the job venvs go "
+                                 f"without it: {WITHOUT.get(name, 'its feature is off')} "
+                                 "(cifarflow install-optional)")
             if write_if_changed(self.job_requirements, job_requirements(closure)):
                 self.log.info(f"job venvs install {len(closure)} distributions at this venv's "
-                              f"versions: {self.job_requirements}")
+                              f"versions ({', '.join(n for n in stack if n in closure)} and "
+                              f"what they need): {self.job_requirements}")
         elif not self.job_requirements.is_file():
             raise self.error(f"env.requirements: {self.job_requirements} does not exist")
         if not self.env["check_wheelhouse"]:

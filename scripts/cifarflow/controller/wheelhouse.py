@@ -2,7 +2,8 @@
 
 The login node's venv was resolved from the cluster's wheelhouse (requirements.txt holds
 version ranges). A job venv asks the same wheelhouse for exactly the versions the login
-node got: the closure of what a training process imports, as installed here. At `snakemake
+node got: the closure of what the plan's training processes import (no lightning without a
+lightning run, no TensorBoard where no curves are written), as installed here. At `snakemake
 -n`, pip's own resolver checks that the wheelhouse holds them (a dry run, nothing is
 installed), so a plan that would fail in every job's prologue is refused before one job is
 queued. Runs in the main Snakemake process only. No torch here."""
@@ -24,10 +25,11 @@ from packaging.utils import canonicalize_name
 
 from ..engine.checkpoint import atomic_write_text
 
-# what a training process imports (engine, strategies, environment record), top-level:
+# what every training process imports (engine, strategies, environment record), top-level:
 # requirements.txt holds their ranges; no Snakemake, pandas or matplotlib in a job venv
-TRAINING_STACK = ("torch", "torchvision", "lightning", "numpy", "pyyaml", "nvidia-ml-py",
-                  "tensorboard")
+CORE_STACK = ("torch", "torchvision", "numpy", "pyyaml")
+GPU_SAMPLER = "nvidia-ml-py"  # GPU utilisation, sampled where a run trains on GPUs
+CURVES = "tensorboard"  # TensorBoard event files, where a run writes them (train.tensorboard)
 JOB_REQUIREMENTS = "environment/job-requirements.txt"  # under results/: written per plan
 CHECKS = "environment/wheelhouse-checks.json"  # under results/: the digests pip accepted
 MAX_ROUNDS = 20  # pip names one missing distribution per try: the most one check names
@@ -36,6 +38,19 @@ PIP_TIMEOUT_S = 300
 
 class WheelhouseError(Exception):
     """The job venvs could not be built from the wheelhouse: what is missing, the way out."""
+
+
+def training_stack(runs) -> tuple[str, ...]:
+    """What the plan's runs import: the core, each strategy's own packages (lightning's),
+    the GPU sampler where a run trains on GPUs, TensorBoard where a run writes curves."""
+    extra: set[str] = set()
+    for run in runs:
+        extra.update(run.strategy_class.packages)
+        if run.strategy_class.gpus_per_node(run.config):
+            extra.add(GPU_SAMPLER)
+        if run.config.tensorboard:
+            extra.add(CURVES)
+    return CORE_STACK + tuple(sorted(extra))
 
 
 def installed_closure(roots, distribution=metadata.distribution) -> dict:

@@ -46,8 +46,12 @@ class Reporter:
             else:
                 self.gpu = GpuSampler(read).start()
         if self.tensorboard_dir and self.strategy.is_main:
-            from torch.utils.tensorboard import SummaryWriter
-
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:  # an optional package (requirements-optional.txt)
+                self.log("TensorBoard curves not written: tensorboard is not installed "
+                         "(cifarflow install-optional, or train.tensorboard: false)")
+                return
             self.board = SummaryWriter(str(self.tensorboard_dir), purge_step=global_step + 1)
 
     def epoch_started(self) -> None:

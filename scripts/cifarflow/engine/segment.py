@@ -61,7 +61,7 @@ class Segment(SegmentCheckpoints):
         self.checkpointer = strategy.checkpointer()
         self.progress = Progress()
         self.stopping = cfg.stopping()  # train.early_stop, decided from progress.history
-        self.report = Reporter(strategy, tensorboard_dir)
+        self.report = Reporter(strategy, tensorboard_dir if cfg.tensorboard else None)
         self.meter = EpochMeter(strategy.device)
         self.stop: StopController | None = None  # from begin(): its clock starts there
         self.train_split = self.test_split = None

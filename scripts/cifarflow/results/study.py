@@ -133,10 +133,26 @@ def trial_columns(journal) -> dict[str, dict]:
     return out
 
 
-def serve_dashboard(journal, host: str, port: int) -> None:
-    """optuna-dashboard over the journal file, until interrupted."""
-    from optuna_dashboard import run_server
+def serve_dashboard(journal, host: str, port: int | None, say=print, serve=True):
+    """optuna-dashboard over the journal file, until interrupted, on ``port`` or, where none
+    is given, a free one the system picks (a login node is shared by hundreds of users):
+    says where, and the `ssh -L` line that reaches it from a laptop. The server."""
+    import getpass
+    import socket
+    from wsgiref.simple_server import make_server
 
-    print(f"cifarflow dashboard: {journal} on http://{host}:{port}/dashboard/ (Ctrl-C stops it; "
-          f"from a laptop: ssh -L {port}:localhost:{port} <login node>)", flush=True)
-    run_server(storage(journal), host=host, port=port)
+    from optuna_dashboard import wsgi
+
+    server = make_server(host, port or 0, wsgi(storage(journal)))
+    port = server.server_port
+    say(f"cifarflow dashboard: {journal} on http://{host}:{port}/dashboard/ (Ctrl-C stops it)\n"
+        f"from a laptop: ssh -L {port}:localhost:{port} {getpass.getuser()}@{socket.getfqdn()}"
+        f"  then open http://localhost:{port}/dashboard/")
+    if serve:
+        try:
+            server.serve_forever()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            server.server_close()
+    return server

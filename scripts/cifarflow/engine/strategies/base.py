@@ -71,6 +71,7 @@ class Strategy:
     self_spawning: ClassVar[bool] = False  # starts its own workers outside Slurm
     channels_last_params: ClassVar[bool] = True  # FSDP shards only contiguous parameters
     sharded_checkpoint: ClassVar[bool] = False  # a file per rank (DCP), not one state.pt
+    packages: ClassVar[tuple] = ()         # optional distributions its processes import
 
     def __init_subclass__(cls, **kw):
         super().__init_subclass__(**kw)

@@ -21,6 +21,7 @@ class LightningStrategy(MultiProcessStrategy):
     strategy's own setup is the base one (threads, the CUDA check), its distribute none."""
     name = "lightning"
     self_spawning = True
+    packages = ("lightning",)
 
     def adopt(self, trainer) -> None:
         """Rank, world and device as Lightning set them up."""
