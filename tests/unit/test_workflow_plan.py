@@ -464,6 +464,28 @@ def test_a_new_world_size_keeps_the_finished_segments_only_when_elastic(tmp_path
                         "segment (segments.elastic: true would go on from the finished ones)"]
 
 
+def test_a_spec_that_gains_or_changes_only_what_a_run_reports_keeps_its_time_stamp(
+        tmp_path, bin_dir):
+    """An upgrade that adds a reporting key (train.tensorboard) to every spec.json, or a
+    user turning the curves off, retrains nothing; a shaping change still does."""
+    plan = make_plan(tmp_path, bin_dir)
+    plan.write_specs()
+    spec = Path(RunPaths(str(tmp_path / "results"), "cpu").spec)
+    written = json.loads(spec.read_text())
+    del written["tensorboard"]  # a spec written before train.tensorboard existed
+    spec.write_text(json.dumps(written))
+    old = spec.stat().st_mtime_ns - 10**9
+    os.utime(spec, ns=(old, old))
+    make_plan(tmp_path, bin_dir).write_specs()
+    assert json.loads(spec.read_text())["tensorboard"] is True
+    assert spec.stat().st_mtime_ns == old
+    make_plan(tmp_path, bin_dir, train={"tensorboard": False}).write_specs()
+    assert json.loads(spec.read_text())["tensorboard"] is False
+    assert spec.stat().st_mtime_ns == old
+    make_plan(tmp_path, bin_dir, train={"tensorboard": False, "lr": 0.5}).write_specs()
+    assert spec.stat().st_mtime_ns > old
+
+
 def test_job_venvs_install_this_venvs_training_stack_or_the_users_file(tmp_path, bin_dir):
     """env.mode slurm_tmpdir: the plan writes the job requirements (once: an unchanged file
     keeps its time stamp) and hands the wheelhouse check the jobs' index options; a refusal

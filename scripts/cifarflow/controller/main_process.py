@@ -26,6 +26,9 @@ from .progress import watch_progress
 
 # what a run's spec may change while its finished segments stand (segments.elastic)
 ELASTIC_FIELDS = {"world_size", "nodes"}
+# what changes only what a run reports, never its weights: a spec that gains or changes
+# only these keeps its time stamp (an upgrade that adds one retrains nothing)
+REPORTING_FIELDS = {"tensorboard"}
 
 
 class MainProcess:
@@ -99,7 +102,8 @@ class MainProcess:
         where Snakemake plans, and only when it changed: its time stamp says when the run's
         config last changed (a job per run would cost one Snakemake start each), so the
         finished segments are trained again. But a new world size under segments.elastic
-        keeps the time stamp: the finished segments stand and the next resumes from them."""
+        keeps the time stamp: the finished segments stand and the next resumes from them;
+        so does a change of what a run only reports (REPORTING_FIELDS)."""
         for run in self.runs.values() if runs is None else runs:
             if not run.sampled:
                 continue  # a later search round's trial: written once its round is asked
@@ -110,9 +114,12 @@ class MainProcess:
             stamp = spec.stat() if old else None
             run.config.write(spec)
             before, now = json.loads(old) if old else {}, run.config.to_dict()
+            changed = {key for key in now if before.get(key) != now[key]}
+            if before and changed <= REPORTING_FIELDS:
+                os.utime(spec, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+                continue
             if not before or before.get("world_size") == now["world_size"]:
                 continue
-            changed = {key for key in now if before.get(key) != now[key]}
             resize = f"run {run.name}: world size {before['world_size']} -> {now['world_size']}"
             if run.config.elastic and changed <= ELASTIC_FIELDS:
                 os.utime(spec, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
