@@ -211,6 +211,28 @@ def test_slurm_placement_from_the_config_else_the_environment(tmp_path, bin_dir)
     assert plan.pack_resources("cpu")["slurm_partition"] == "short"
 
 
+def test_a_cpu_pack_asks_one_node_unless_it_may_spread_and_a_whole_node_alone(tmp_path, bin_dir):
+    """pack.nodes 1 (default) asks --nodes=1; any leaves the nodes to Slurm; pack.whole_node
+    adds --exclusive to slurm.extra's options; whole_node with nodes any is refused."""
+    pack = {"runs_per_job": 2}
+    one = make_plan(tmp_path, bin_dir, sweep={"lr": [0.1, 0.2]}, pack=pack)
+    res = one.pack_resources("cpu")
+    assert res["nodes"] == 1 and "slurm_extra" not in res
+    spread = make_plan(tmp_path, bin_dir, sweep={"lr": [0.1, 0.2]}, pack={**pack, "nodes": "any"})
+    assert "nodes" not in spread.pack_resources("cpu")
+    assert "nodes" not in spread.run_resources("cpu")  # runs alone: as before
+    whole = make_plan(tmp_path, bin_dir, sweep={"lr": [0.1, 0.2]},
+                      pack={**pack, "whole_node": True},
+                      slurm={"account": "", "partition": "", "extra": "--qos=high"})
+    res = whole.pack_resources("cpu")
+    assert (res["nodes"], res["slurm_extra"]) == (1, "--exclusive --qos=high")
+    assert whole.run_resources("cpu")["slurm_extra"] == "--qos=high"
+    with pytest.raises(PlanError, match="pack.whole_node: true holds one whole node per pack "
+                                        "job: set pack.nodes: 1"):
+        make_plan(tmp_path, bin_dir, sweep={"lr": [0.1, 0.2]},
+                  pack={**pack, "whole_node": True, "nodes": "any"})
+
+
 def test_a_rule_attribute_is_one_value_where_the_runs_share_it(tmp_path, bin_dir):
     plan = make_plan(tmp_path, bin_dir, sweep={"cpus_per_task": [1, 4], "lr": [0.1]})
     threads = plan.threads("cpu")
@@ -301,7 +323,7 @@ def test_the_plan_says_how_it_packs_and_prunes(tmp_path, bin_dir):
     assert plan.log.infos[0].startswith("sweep.prune: the runs of each strategy are ranked on")
     assert plan.log.infos[1] == ("pack: 3 runs of cpu in 1 packs of up to 4, one job per pack "
                                  "and segment; ddp (several processes per run): one job per "
-                                 "run and segment")
+                                 "run and segment; each pack job on one node (pack.nodes: 1)")
 
 
 def test_specs_are_written_only_when_they_change(tmp_path, bin_dir):

@@ -196,7 +196,8 @@ def check_fit(shapes: dict[str, dict], partition: str, partitions: dict | None) 
     """One error per job that can never start in the partition, with the way out: a
     smaller pack, fewer cores, or a partition where it fits. `shapes` maps a job (a run or
     a pack) to its request: tasks, cpus_per_task, and where set nodes, tasks_per_node,
-    mem_per_cpu, mem_mb_per_node, gpus_per_node, gpus_per_task, pack (members per job)."""
+    mem_per_cpu, mem_mb_per_node, gpus_per_node, gpus_per_task, pack (members per job),
+    spread (the key that lets a one-node pack spread over nodes)."""
     if not partitions or partition not in partitions:
         return []
     part, errors, alike = partitions[partition], [], {}
@@ -218,6 +219,8 @@ def check_fit(shapes: dict[str, dict], partition: str, partitions: dict | None) 
         if shape.get("per_gpu") and node_gpus and not most:
             ways.append(f"pack.runs_per_job: {node_gpus * shape['per_gpu']} ({node_gpus} "
                         f"GPU(s) of a node x pack.per_gpu {shape['per_gpu']})")
+        if shape.get("spread") and most_tasks({**shape, "nodes": None}, part) >= shape["tasks"]:
+            ways.append(f"{shape['spread']} (Slurm spreads the members over nodes)")
         if shape["cpus_per_task"] > 1:
             ways.append("fewer resources.cpus_per_task")
         ways.append(f"slurm.partition: {fits[0]} (it fits there)" if fits else

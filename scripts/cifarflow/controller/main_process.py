@@ -19,7 +19,7 @@ from ..job.tries import INVOCATION
 from ..layout import RunPaths
 from .gpu_limits import gpu_share_warnings, gpu_slice_errors
 from .limits import check_fit, check_plan, read_limits, read_partitions
-from .packs import job_shapes
+from .packs import describe_placement, job_shapes
 from .pending import PendingWatch
 from .pack_plan import describe_fusion
 from .plan import check_user_models
@@ -138,7 +138,8 @@ class MainProcess:
                 f"{', '.join(self.packed) or 'no strategy'} in {len(self.packs)} packs of up to "
                 f"{per_job}, one job per pack and segment"
                 + (f"; {', '.join(self.unpacked)} (several processes per run): one job per run "
-                   "and segment" if self.unpacked else "") + self.describe_sharing())
+                   "and segment" if self.unpacked else "") + describe_placement(self.packs)
+                + self.describe_sharing())
         if self.config["pack"]["fuse"] and self.packs:
             self.log.info(describe_fusion(self.runs, self.packs))
         self.describe_search()

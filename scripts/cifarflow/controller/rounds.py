@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..engine.checkpoint import read_manifest, read_metrics
 from ..layout import round_record, study_journal
-from .pack_plan import build_packs, fuse_mode, share_gpus
+from .pack_plan import plan_packs
 from .plan import plan_run, search_round_values
 from .search import Search
 from .study_journal import outcome_of, read_record, tell_and_ask
@@ -54,10 +54,7 @@ class SearchRounds:
             run.round = r
             new[run.name] = self.runs[run.name] = run
         old = {p.name for p in self.packs.values() if set(p.members) & set(new)}
-        pack = self.config["pack"]
-        packs = share_gpus(build_packs(new, pack["runs_per_job"], fuse_mode(pack["fuse"]),
-                                       pack["fuse_member_mem_mb"]),
-                           new, pack["per_gpu"], pack["runs_per_job"])
+        packs = plan_packs(new, self.config["pack"])
         self.chain.add_packs(packs, old)
         if getattr(self, "main_process", False):
             self.write_specs(new.values())

@@ -127,7 +127,12 @@ class SegmentRules:
         return self.sized_request(members, k, previous, attempt, wildcards.pack, policy)
 
     def pack_resources(self, strategy: str) -> dict:
-        return {**self.pack_kind(strategy).resources(self, strategy), **self.slurm_placement}
+        """A pack's request and the config's placement; slurm.extra joins the pack's own
+        sbatch options (pack.whole_node's --exclusive)."""
+        own = self.pack_kind(strategy).resources(self, strategy)
+        extra = " ".join(filter(None, (own.get("slurm_extra"),
+                                       self.slurm_placement.get("slurm_extra"))))
+        return {**own, **self.slurm_placement, **({"slurm_extra": extra} if extra else {})}
 
     def pack_threads(self, strategy: str):
         kind = self.pack_kind(strategy)
