@@ -415,8 +415,10 @@ def test_a_fused_pack_is_one_task_with_the_members_memory_and_one_gpu(tmp_path, 
                                   "--record", "r.json"])
     assert parsed.fuse == "auto" and parsed.members == ["gpu_lr0p1", "gpu_lr0p2", "gpu_lr0p3"]
     plan.announce()
-    assert plan.log.infos[-2] == "pack.fuse: 3 runs in 1 fused pack(s) (lenet bs 512: 1)"
-    assert plan.log.infos[-1].startswith("storage: 3 run(s) will hold ~48 files")
+    assert plan.log.infos[-3] == "pack.fuse: 3 runs in 1 fused pack(s) (lenet bs 512: 1)"
+    assert plan.log.infos[-2].startswith("storage: 3 run(s) will hold ~48 files")
+    assert plan.log.infos[-1].startswith("train.checkpoint_interval_s auto: in-segment "
+                                         "checkpoints every 300 s")
 
 
 def test_a_fused_pack_asks_what_its_one_process_needs_then_what_it_measured(tmp_path, bin_dir):
@@ -469,6 +471,32 @@ def test_a_new_world_size_keeps_the_finished_segments_only_when_elastic(tmp_path
         assert spec.stat().st_mtime_ns > old
         assert said == ["run ddp: world size 1 -> 2: the run is trained again from its first "
                         "segment (segments.elastic: true would go on from the finished ones)"]
+
+
+def test_a_sweep_that_grows_changes_the_auto_checkpoint_interval_and_trains_nothing_again(
+        tmp_path, bin_dir):
+    """train.checkpoint_interval_s auto follows the runs at once: a resnet18 sweep grown from
+    2 to 200 runs rewrites the specs with the longer interval, keeping their time stamp (a
+    checkpoint is a resume point: nothing trained changes); any other change moves it; the
+    plan says the interval it chose."""
+    over = dict(train={"model": "resnet18", "checkpoint_interval_s": "auto"})
+    make_plan(tmp_path, bin_dir, sweep={"lr": [0.001, 0.002]}, **over).write_specs()
+    spec = Path(RunPaths(str(tmp_path / "results"), "cpu_lr0p001").spec)
+    assert json.loads(spec.read_text())["checkpoint_interval_s"] == 300
+    old = spec.stat().st_mtime_ns - 10**9  # as if written a second ago
+    os.utime(spec, ns=(old, old))
+    grown = make_plan(tmp_path, bin_dir, sweep={"lr": [0.001 * (i + 1) for i in range(200)]},
+                      **over)
+    grown.write_specs()
+    assert json.loads(spec.read_text())["checkpoint_interval_s"] == pytest.approx(715, abs=1)
+    assert spec.stat().st_mtime_ns == old
+    grown.announce()
+    assert ("train.checkpoint_interval_s auto: in-segment checkpoints every 715 s (300 for a "
+            "run alone, longer where many train at once, so that together they write at most "
+            "~25 MB/s on average; docs/segments.md)") in grown.log.infos
+    make_plan(tmp_path, bin_dir, sweep={"lr": [0.001 * (i + 1) for i in range(200)]},
+              train={**over["train"], "epochs": 5}).write_specs()
+    assert spec.stat().st_mtime_ns > old  # epochs shape the run: trained again
 
 
 def test_job_venvs_install_this_venvs_training_stack_or_the_users_file(tmp_path, bin_dir):

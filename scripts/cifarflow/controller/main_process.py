@@ -27,6 +27,9 @@ from .progress import watch_progress
 
 # what a run's spec may change while its finished segments stand (segments.elastic)
 ELASTIC_FIELDS = {"world_size", "nodes"}
+# what changes only where a run may resume from (checkpoint_interval_s auto follows the
+# sweep's size): a new value keeps the spec's time stamp, so nothing is trained again
+RESUME_POINT_FIELDS = {"checkpoint_interval_s"}
 
 
 class MainProcess:
@@ -98,8 +101,8 @@ class MainProcess:
         """The run's typed config, handed to every segment as one file (spec.json), written
         where Snakemake plans, and only when it changed: its time stamp says when the run's
         config last changed (a job per run would cost one Snakemake start each), so the
-        finished segments are trained again. But a new world size under segments.elastic
-        keeps the time stamp: the finished segments stand and the next resumes from them."""
+        finished segments are trained again. But a new world size under segments.elastic, or
+        a new checkpoint interval, keeps the time stamp: the finished segments stand."""
         for run in self.runs.values() if runs is None else runs:
             if not run.sampled:
                 continue  # a later search round's trial: written once its round is asked
@@ -110,9 +113,12 @@ class MainProcess:
             stamp = spec.stat() if old else None
             run.config.write(spec)
             before, now = json.loads(old) if old else {}, run.config.to_dict()
+            changed = {key for key in now if before.get(key) != now[key]}
+            if before and changed <= RESUME_POINT_FIELDS:  # nothing trained changes
+                os.utime(spec, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+                continue
             if not before or before.get("world_size") == now["world_size"]:
                 continue
-            changed = {key for key in now if before.get(key) != now[key]}
             resize = f"run {run.name}: world size {before['world_size']} -> {now['world_size']}"
             if run.config.elastic and changed <= ELASTIC_FIELDS:
                 os.utime(spec, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
@@ -144,6 +150,8 @@ class MainProcess:
             self.log.info(describe_fusion(self.runs, self.packs))
         self.describe_search()
         self.log.info(storage.describe(self.runs.values(), self.config["segments"]["keep_weights"]))
+        if self.config["train"]["checkpoint_interval_s"] == "auto":
+            self.log.info(storage.describe_intervals(self.runs.values()))
 
     def check_local_gpus(self, count_gpus=visible_gpus, environ=os.environ) -> None:
         """A local run (no --jobs: not profiles/slurm, and outside a Slurm job) whose runs ask
