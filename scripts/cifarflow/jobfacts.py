@@ -51,6 +51,11 @@ def job_fact(name: str, ask, environ=os.environ) -> float | None:
     return ask(job)
 
 
+# a job venv (env.mode slurm_tmpdir) built in more than this share of its segment job is too
+# dear: autosize asks for longer jobs (controller/sizing.py), the advice says so (results/)
+ENV_BUILD_SHARE = 0.10
+
+
 def env_build_s(environ=os.environ) -> float | None:
     """Seconds this job spent building its venv before the training started (the prologue
     of env.mode slurm_tmpdir; the nodes build at once), None where it built none."""

@@ -123,6 +123,20 @@ def job_states(jobs: list[str]) -> dict[str, str]:
     return found
 
 
+# what a finished job used and asked, per job and step (results/accounting.py parses it)
+ACCOUNTING_FIELDS = "JobIDRaw,JobName,Elapsed,TotalCPU,AllocCPUS,MaxRSS,ReqMem,Timelimit,State,NTasks"
+
+
+def job_accounting(jobs: list[str]) -> str | None:
+    """sacct's lines (ACCOUNTING_FIELDS, |-separated) of these jobs and their steps, in one
+    call; None where sacct does not answer (no accounting, no Slurm) or there is no job."""
+    ids = sorted(set(filter(None, jobs)))
+    if not ids:
+        return None
+    reply = ask(["sacct", "-P", "-n", "-j", ",".join(ids), "-o", ACCOUNTING_FIELDS])
+    return reply.stdout if reply.ok else None
+
+
 def job_tasks(job: str) -> int | None:
     """NumTasks of the job (the Snakemake jobstep strips SLURM_NTASKS from its command)."""
     found = re.search(r"NumTasks=(\d+)", ask(["scontrol", "show", "job", job]).stdout)

@@ -26,8 +26,8 @@ def test_a_pack_too_wide_for_the_partition_is_refused_at_the_dry_run(tmp_path):
     out = snakemake(tmp_path, "-n", "--profile", ROOT / "profiles/slurm", check=False,
                     configfile=[CONFIG, wide])
     text = out.stdout + out.stderr
-    line = ("pack cpu-pack001 (8 runs) asks 8 task(s) of 1 CPU(s), 1000 MB per CPU, and "
-            "partition cpubase_bycore_b1 can ever give one job 2 such task(s) (1 node(s): ")
+    line = ("pack cpu-pack001 (8 runs) asks 8 task(s) of 1 CPU(s), on 1 node(s), 1000 MB per "
+            "CPU, and partition cpubase_bycore_b1 can ever give one job 2 such task(s) (1 node(s): ")
     assert out.returncode != 0 and text.count(line) == 1, text[-3000:]
     assert "it would wait forever; set pack.runs_per_job: 2, or another partition" in text
     fits = tmp_path / "fits.yaml"

@@ -24,16 +24,16 @@ def running_pack_jobs(workdir) -> list[str]:
 def test_slurm_pack_spreads_over_two_nodes_equals_unpacked_and_retries_one_member(
         tmp_path, unpacked_sweep):
     """16 runs in packs of 4 on partition multi (n1 and n2, 2 cores each): 4 jobs per
-    round, each of 4 one-core tasks that Slurm spreads over both nodes. One member is
-    SIGKILLed after its first in-segment save (frozen from its start, it trains in short
-    steps until the save exists); only it is retried, from that save's batch. Final
+    round, each of 4 one-core tasks that Slurm spreads over both nodes (pack.nodes: any).
+    One member is SIGKILLed after its first in-segment save (frozen from its start, it
+    trains in short steps until the save exists); only it is retried, from that save's batch. Final
     weights equal the unpacked sweep's bit for bit. Slurm kills a step above its memory
     (polling): a member peaks at about 800 MB there (launcher and training process), so each
     asks 2000 MB, else the frozen victim could be killed for memory and retried with more."""
     config = sweep_config(tmp_path / "c.yaml", 16, 4, train="checkpoint_interval_s: 0.001",
                           mem_mb=2000)
     multi = tmp_path / "multi.yaml"
-    multi.write_text("slurm: {partition: multi}\n")
+    multi.write_text("slurm: {partition: multi}\npack: {nodes: any}\n")  # spread: both nodes
     proc = start_slurm(tmp_path, config, multi, args=["--verbose"])
     deadline, victim, saved = time.time() + 600, None, None
     while victim is None and time.time() < deadline and proc.poll() is None:
@@ -94,7 +94,7 @@ def test_a_pack_spread_over_two_nodes_builds_its_job_venv_on_each(tmp_path):
     config = sweep_config(tmp_path / "c.yaml", 4, 4, mem_mb=2000)
     extra = tmp_path / "multi.yaml"
     extra.write_text(json.dumps({
-        "slurm": {"partition": "multi"}, "segments": {"count": 1},
+        "slurm": {"partition": "multi"}, "segments": {"count": 1}, "pack": {"nodes": "any"},
         "env": {"mode": "slurm_tmpdir", "requirements": str(tmp_path / "job-requirements.txt"),
                 "find_links": str(wheels), "pythonpath": [site]}}))
     out = slurm(tmp_path, configfile=[config, extra],

@@ -8,7 +8,7 @@ from cifarflow.controller.partitions import expand_hostlist, partition_capacity
 from cifarflow.controller.routing import candidates, check_fit
 from cifarflow.controller.pending import PendingWatch, stuck_jobs
 from cifarflow.slurm import fields
-from cifarflow.controller.pack_plan import build_packs, share_gpus
+from cifarflow.controller.pack_plan import build_packs, plan_packs, share_gpus
 from cifarflow.controller.plan import build_runs
 from cifarflow.controller.packs import job_shapes
 
@@ -31,8 +31,9 @@ def partitions():
 
 
 def plan(**config):
-    runs = build_runs(with_defaults(config))
-    return job_shapes(runs, build_packs(runs, config.get("pack", {}).get("runs_per_job", 1)))
+    config = with_defaults(config)
+    runs = build_runs(config)
+    return job_shapes(runs, plan_packs(runs, config["pack"]))
 
 
 def test_host_lists_and_capacities():
@@ -46,13 +47,34 @@ def test_a_pack_wider_than_the_partition_is_one_error_with_the_way_out():
     shapes = plan(strategies=["cpu"], resources={"cpus_per_task": 1, "mem_mb": 1000},
                   sweep={"lr": [0.01 * i for i in range(1, 9)]}, pack={"runs_per_job": 8})
     assert check_fit(shapes, "", partitions()) == [
-        "pack cpu-pack001 (8 runs) asks 8 task(s) of 1 CPU(s), 1000 MB per CPU, and partition "
-        "debug can ever give one job 2 such task(s) (1 node(s): vm 2 CPUs 22900 MB): it would "
-        "wait forever; set pack.runs_per_job: 2, or another partition"]
+        "pack cpu-pack001 (8 runs) asks 8 task(s) of 1 CPU(s), on 1 node(s), 1000 MB per CPU, "
+        "and partition debug can ever give one job 2 such task(s) (1 node(s): vm 2 CPUs 22900 "
+        "MB): it would wait forever; set pack.runs_per_job: 2, or another partition"]
     four = plan(strategies=["cpu"], resources={"cpus_per_task": 1, "mem_mb": 1000},
-                sweep={"lr": [0.01 * i for i in range(1, 5)]}, pack={"runs_per_job": 4})
+                sweep={"lr": [0.01 * i for i in range(1, 5)]},
+                pack={"runs_per_job": 4, "nodes": "any"})
     assert check_fit(four, "multi", partitions()) == []  # 2 nodes x 2 CPUs
     assert "slurm.partition: multi (it fits there)" in check_fit(four, "debug", partitions())[0]
+
+
+def test_a_cpu_pack_asks_one_node_and_a_wider_one_is_refused_with_both_ways_out():
+    """pack.nodes 1 (the default): 4 one-core members do not fit one 2-core node of multi;
+    the error names the pack size that fits and pack.nodes: any, which fits there."""
+    four = plan(strategies=["cpu"], resources={"cpus_per_task": 1, "mem_mb": 1000},
+                sweep={"lr": [0.01 * i for i in range(1, 5)]}, pack={"runs_per_job": 4})
+    assert four["pack cpu-pack001 (4 runs)"]["nodes"] == 1
+    assert check_fit(four, "multi", partitions()) == [
+        "pack cpu-pack001 (4 runs) asks 4 task(s) of 1 CPU(s), on 1 node(s), 1000 MB per CPU, "
+        "and partition multi can ever give one job 2 such task(s) (2 node(s): n1 2 CPUs 22900 "
+        "MB 2 GPUs, n2 2 CPUs 22900 MB 2 GPUs): it would wait forever; set pack.runs_per_job: "
+        "2, or pack.nodes: any (Slurm spreads the members over nodes), or another partition"]
+    two = plan(strategies=["cpu"], resources={"cpus_per_task": 1, "mem_mb": 1000},
+               sweep={"lr": [0.01 * i for i in range(1, 5)]}, pack={"runs_per_job": 2})
+    assert check_fit(two, "multi", partitions()) == check_fit(two, "debug", partitions()) == []
+    spread = plan(strategies=["cpu"], resources={"cpus_per_task": 1, "mem_mb": 1000},
+                  sweep={"lr": [0.01 * i for i in range(1, 5)]},
+                  pack={"runs_per_job": 4, "nodes": "any"})
+    assert "nodes" not in spread["pack cpu-pack001 (4 runs)"]
 
 
 def test_nodes_cpus_memory_and_gpus_per_node_are_each_checked():

@@ -7,7 +7,7 @@ import pytest
 
 from cifarflow.config import with_defaults
 from cifarflow.controller.limits import check_plan
-from cifarflow.controller.pack_plan import build_packs
+from cifarflow.controller.pack_plan import plan_packs
 from cifarflow.controller.packs import job_shapes
 from cifarflow.controller.partitions import gpu_types, read_partitions, slurm_minutes
 from cifarflow.controller.plan import build_runs
@@ -34,8 +34,9 @@ def site(kind):
 
 
 def shapes(**config):
-    runs = build_runs(with_defaults(config))
-    return job_shapes(runs, build_packs(runs, config.get("pack", {}).get("runs_per_job", 1)))
+    config = with_defaults(config)
+    runs = build_runs(config)
+    return job_shapes(runs, plan_packs(runs, config["pack"]))
 
 
 @pytest.mark.parametrize("text, minutes", [
@@ -85,13 +86,18 @@ def test_without_a_partition_node_fit_is_still_checked_over_the_routed_partition
     sweep = {"lr": [0.01 * i for i in range(1, 9)]}
     (error,) = check_fit(cpu(60, sweep=sweep, pack={"runs_per_job": 8}), "",
                          read_partitions(site))
-    assert error.startswith(
-        "pack cpu-pack001 (8 runs) asks 8 task(s) of 1 CPU(s), 1000 MB per CPU, and every "
-        "partition a CPU job can be routed to can ever give one job at most: cpubase_bycore_b1 "
-        "2 (1 node(s): vm 2 CPUs 22900 MB); cpubase_bycore_b3 6 (3 node(s): ")
-    assert error.endswith("set pack.runs_per_job: 6") and "slurm.partition" not in error
+    assert error.startswith(  # a CPU pack on one node (pack.nodes: 1)
+        "pack cpu-pack001 (8 runs) asks 8 task(s) of 1 CPU(s), on 1 node(s), 1000 MB per CPU, "
+        "and every partition a CPU job can be routed to can ever give one job at most: "
+        "cpubase_bycore_b1 2 (1 node(s): vm 2 CPUs 22900 MB); cpubase_bycore_b3 2 (3 node(s): ")
+    assert error.endswith("set pack.runs_per_job: 2") and "slurm.partition" not in error
     six = {"lr": [0.01 * i for i in range(1, 7)]}
-    assert check_fit(cpu(60, sweep=six, pack={"runs_per_job": 6}), "", read_partitions(site)) == []
+    (spread,) = check_fit(cpu(60, sweep=six, pack={"runs_per_job": 6}), "",
+                          read_partitions(site))  # 6 fit on b3's 3 nodes, if spread
+    assert spread.endswith("set pack.runs_per_job: 2, or pack.nodes: any (Slurm spreads the "
+                           "members over nodes)")
+    assert check_fit(cpu(60, sweep=six, pack={"runs_per_job": 6, "nodes": "any"}), "",
+                     read_partitions(site)) == []
 
 
 def gpu(model, **over):

@@ -65,9 +65,33 @@ def test_plan_yields_typed_configs_with_schema_defaults():
     assert runs["ddp"].config.world_size == BASE["distributed"]["world_size"]
     assert runs["mps"].config.world_size == BASE["mps"]["replicas"]
     assert runs["mps"].config.backend == "gloo" and runs["mps"].config.device == "cuda"
-    assert runs["cpu"].config.checkpoint_interval_s == \
-        yaml.safe_load((ROOT / "workflow/schemas/config.schema.yaml").read_text())[
-            "properties"]["train"]["properties"]["checkpoint_interval_s"]["default"]
+    assert yaml.safe_load((ROOT / "workflow/schemas/config.schema.yaml").read_text())[
+        "properties"]["train"]["properties"]["checkpoint_interval_s"]["default"] == "auto"
+    assert runs["cpu"].config.checkpoint_interval_s == 300  # auto, for 3 small runs
+
+
+def test_auto_checkpoint_intervals_keep_a_sweeps_writes_bounded():
+    """train.checkpoint_interval_s auto: 300 s alone; max(300, runs x checkpoint / 25 MB/s)
+    for the runs a plan trains at once (a grid's all, packed or not; a search's round); a
+    number stays as set."""
+    lr = [0.001 * (i + 1) for i in range(100)]
+    lenets = runs_for(sweep={"lr": lr}, pack={"runs_per_job": 10})
+    assert {r.config.checkpoint_interval_s for r in lenets.values()} == {300}  # 0.5 MB each
+    resnets = runs_for(train={"model": "resnet18"}, sweep={"lr": lr})
+    size = 44_695_848 * 2 + 38_560  # sgd with momentum: one buffer per parameter
+    assert [r.config.checkpoint_interval_s for r in resnets.values()] == \
+        pytest.approx([100 * size / 1e6 / 25] * 100)  # ~358 s
+    bigger = runs_for(train={"model": "resnet18"}, sweep={"lr": lr, "seed": list(range(10))})
+    assert bigger["cpu_lr0p001_seed0"].config.checkpoint_interval_s == \
+        pytest.approx(1000 * size / 1e6 / 25)  # ~1 h: 1000 runs x 89 MB / 25 MB/s
+    assert runs_for(train={"model": "resnet18"})["cpu"].config.checkpoint_interval_s == 300
+    set_here = runs_for(train={"model": "resnet18", "checkpoint_interval_s": 60},
+                        sweep={"lr": lr})
+    assert {r.config.checkpoint_interval_s for r in set_here.values()} == {60}
+    search = runs_for(train={"model": "resnet18"}, sweep={"search": {
+        "space": {"lr": {"log_uniform": [0.001, 0.1]}}, "samples": 200, "rounds": 3}})
+    assert len(search) == 600 and [r.config.checkpoint_interval_s for r in search.values()] \
+        == pytest.approx([200 * size / 1e6 / 25] * 600)  # a round's 200, not all 600
 
 
 def test_data_identity_covers_synthetic_parameters():

@@ -68,6 +68,23 @@ def test_autosize_asks_no_fewer_minutes_than_its_floor():
     assert autosized(4000, 60, slow, 2, 1.3, 60, min_runtime=10).runtime == 27  # above it
 
 
+def test_autosize_keeps_the_job_venv_build_under_a_tenth_of_the_job(tmp_path):
+    """env.mode slurm_tmpdir: a segment whose job built its venv for 150 s makes the next one
+    ask at least 10 x that (25 min), above autosize_min_runtime, never above the config."""
+    built = [{**try_of(1, 60, {"a": 600}, 2), "env_build_s": 150.0}]
+    m = Measured.of_segment(write_segment(tmp_path, 1, 2, built))
+    assert m.env_build_s == 150
+    r = autosized(4000, 60, m, 2, 1.3, 60, min_runtime=10)
+    assert r.runtime == 25 and "the job venv's build (150 s) stays under 10% of the job" in r.why
+    assert autosized(4000, 20, m, 2, 1.3, 60, min_runtime=10).runtime == 20  # the config's
+    quick = Measured(peak_node_mb=600, wall_s=60, epochs=2, end_epoch=2, env_build_s=30)
+    assert autosized(4000, 60, quick, 2, 1.3, 60, min_runtime=10).runtime == 10  # 5 < 10
+    packed = Policy(4000, 60, autosize=True, min_runtime=10).request(
+        [write_segment(tmp_path / "b", 1, 2, [try_of(1, 60, {"a": 600}, 2)]),
+         tmp_path / "segment-1"], 3, 0)
+    assert packed.runtime == 25  # a pack: its slowest member's build
+
+
 def test_an_out_of_memory_retry_asks_more_up_to_the_cap():
     base = autosized(1000, 10, None, 1, 1.3, 60)
     assert after_out_of_memory(base, 0, 2, 8000) is base

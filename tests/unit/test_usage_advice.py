@@ -45,7 +45,7 @@ def test_a_run_that_uses_what_it_asked_for_gets_no_advice():
     assert request_advice(pd.DataFrame([{"strategy": "cpu", "cpus_per_task": 1, **row}])) == []
 
 
-def test_the_job_venv_build_time_is_recorded_per_try_and_advised_on_past_a_tenth(monkeypatch):
+def test_the_job_venv_build_share_is_said_and_advised_on_past_a_tenth(monkeypatch):
     monkeypatch.setenv("CIFARFLOW_ENV_BUILD_S", "90")  # what the prologue exports
     slow = [segment_usage(RANKS[:1], 300.0, 1, None), segment_usage(RANKS[:1], 500.0, 1, None)]
     assert slow[0]["env_build_s"] == 90
@@ -60,9 +60,11 @@ def test_the_job_venv_build_time_is_recorded_per_try_and_advised_on_past_a_tenth
     assert rows[0]["env_build_s"] == 90 and rows[0]["env_build_share"] == pytest.approx(180 / 980)
     assert "env_build_s" not in rows[2]
     assert env_build_advice(pd.DataFrame(rows)) == [
+        "cpu (1 run(s)): building the job venv took 5 s, 2% of each segment job",  # said only
         "ddp (1 run(s)): building the job venv took 90 s, 18% of each segment job: ask for "
-        "fewer, longer segments (segments.count, resources.runtime) or use env.mode venv with "
-        "a venv built once on a shared filesystem"]  # cpu's 5 s of 305 s: nothing to say
+        "fewer, longer segments (segments.count, resources.runtime of 15 min or more; "
+        "resources.autosize keeps to that) or use env.mode venv with a venv built once on a "
+        "shared filesystem"]
     assert env_build_advice(pd.DataFrame([rows[2]])) == []
 
 

@@ -213,6 +213,28 @@ def test_slurm_placement_from_the_config_else_the_environment(tmp_path, bin_dir)
     assert plan.pack_resources("cpu")["slurm_partition"] == "short"
 
 
+def test_a_cpu_pack_asks_one_node_unless_it_may_spread_and_a_whole_node_alone(tmp_path, bin_dir):
+    """pack.nodes 1 (default) asks --nodes=1; any leaves the nodes to Slurm; pack.whole_node
+    adds --exclusive to slurm.extra's options; whole_node with nodes any is refused."""
+    pack = {"runs_per_job": 2}
+    one = make_plan(tmp_path, bin_dir, sweep={"lr": [0.1, 0.2]}, pack=pack)
+    res = one.pack_resources("cpu")
+    assert res["nodes"] == 1 and "slurm_extra" not in res
+    spread = make_plan(tmp_path, bin_dir, sweep={"lr": [0.1, 0.2]}, pack={**pack, "nodes": "any"})
+    assert "nodes" not in spread.pack_resources("cpu")
+    assert "nodes" not in spread.run_resources("cpu")  # runs alone: as before
+    whole = make_plan(tmp_path, bin_dir, sweep={"lr": [0.1, 0.2]},
+                      pack={**pack, "whole_node": True},
+                      slurm={"account": "", "partition": "", "extra": "--qos=high"})
+    res = whole.pack_resources("cpu")
+    assert (res["nodes"], res["slurm_extra"]) == (1, "--exclusive --qos=high")
+    assert whole.run_resources("cpu")["slurm_extra"] == "--qos=high"
+    with pytest.raises(PlanError, match="pack.whole_node: true holds one whole node per pack "
+                                        "job: set pack.nodes: 1"):
+        make_plan(tmp_path, bin_dir, sweep={"lr": [0.1, 0.2]},
+                  pack={**pack, "whole_node": True, "nodes": "any"})
+
+
 def test_a_rule_attribute_is_one_value_where_the_runs_share_it(tmp_path, bin_dir):
     plan = make_plan(tmp_path, bin_dir, sweep={"cpus_per_task": [1, 4], "lr": [0.1]})
     threads = plan.threads("cpu")
@@ -316,7 +338,7 @@ def test_the_plan_says_how_it_packs_and_prunes(tmp_path, bin_dir):
     assert plan.log.infos[0].startswith("sweep.prune: the runs of each strategy are ranked on")
     assert plan.log.infos[1] == ("pack: 3 runs of cpu in 1 packs of up to 4, one job per pack "
                                  "and segment; ddp (several processes per run): one job per "
-                                 "run and segment")
+                                 "run and segment; each pack job on one node (pack.nodes: 1)")
 
 
 def test_specs_are_written_only_when_they_change(tmp_path, bin_dir):
@@ -408,8 +430,10 @@ def test_a_fused_pack_is_one_task_with_the_members_memory_and_one_gpu(tmp_path, 
                                   "--record", "r.json"])
     assert parsed.fuse == "auto" and parsed.members == ["gpu_lr0p1", "gpu_lr0p2", "gpu_lr0p3"]
     plan.announce()
-    assert plan.log.infos[-2] == "pack.fuse: 3 runs in 1 fused pack(s) (lenet bs 512: 1)"
-    assert plan.log.infos[-1].startswith("storage: 3 run(s) will hold ~127 files and 24 folders")
+    assert plan.log.infos[-3] == "pack.fuse: 3 runs in 1 fused pack(s) (lenet bs 512: 1)"
+    assert plan.log.infos[-2].startswith("storage: 3 run(s) will hold ~127 files and 24 folders")
+    assert plan.log.infos[-1].startswith("train.checkpoint_interval_s auto: in-segment "
+                                         "checkpoints every 300 s")
 
 
 def test_a_fused_pack_asks_what_its_one_process_needs_then_what_it_measured(tmp_path, bin_dir):
@@ -484,6 +508,32 @@ def test_a_spec_that_gains_or_changes_only_what_a_run_reports_keeps_its_time_sta
     assert spec.stat().st_mtime_ns == old
     make_plan(tmp_path, bin_dir, train={"tensorboard": False, "lr": 0.5}).write_specs()
     assert spec.stat().st_mtime_ns > old
+
+
+def test_a_sweep_that_grows_changes_the_auto_checkpoint_interval_and_trains_nothing_again(
+        tmp_path, bin_dir):
+    """train.checkpoint_interval_s auto follows the runs at once: a resnet18 sweep grown from
+    2 to 200 runs rewrites the specs with the longer interval, keeping their time stamp (a
+    checkpoint is a resume point: nothing trained changes); any other change moves it; the
+    plan says the interval it chose."""
+    over = dict(train={"model": "resnet18", "checkpoint_interval_s": "auto"})
+    make_plan(tmp_path, bin_dir, sweep={"lr": [0.001, 0.002]}, **over).write_specs()
+    spec = Path(RunPaths(str(tmp_path / "results"), "cpu_lr0p001").spec)
+    assert json.loads(spec.read_text())["checkpoint_interval_s"] == 300
+    old = spec.stat().st_mtime_ns - 10**9  # as if written a second ago
+    os.utime(spec, ns=(old, old))
+    grown = make_plan(tmp_path, bin_dir, sweep={"lr": [0.001 * (i + 1) for i in range(200)]},
+                      **over)
+    grown.write_specs()
+    assert json.loads(spec.read_text())["checkpoint_interval_s"] == pytest.approx(715, abs=1)
+    assert spec.stat().st_mtime_ns == old
+    grown.announce()
+    assert ("train.checkpoint_interval_s auto: in-segment checkpoints every 715 s (300 for a "
+            "run alone, longer where many train at once, so that together they write at most "
+            "~25 MB/s on average; docs/segments.md)") in grown.log.infos
+    make_plan(tmp_path, bin_dir, sweep={"lr": [0.001 * (i + 1) for i in range(200)]},
+              train={**over["train"], "epochs": 5}).write_specs()
+    assert spec.stat().st_mtime_ns > old  # epochs shape the run: trained again
 
 
 def test_job_venvs_install_this_venvs_training_stack_or_the_users_file(tmp_path, bin_dir):

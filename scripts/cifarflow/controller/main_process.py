@@ -19,6 +19,7 @@ from ..engine.strategies.ddp import too_few_gpus
 from ..job.mps_daemon import mps_gpus
 from ..job.tries import INVOCATION
 from ..layout import RunPaths
+from .packs import describe_pack_nodes
 from .pending import PendingWatch
 from .pack_plan import describe_fusion
 from .plan import check_user_models
@@ -26,9 +27,11 @@ from .progress import watch_progress
 
 # what a run's spec may change while its finished segments stand (segments.elastic)
 ELASTIC_FIELDS = {"world_size", "nodes"}
-# what changes only what a run reports, never its weights: a spec that gains or changes
-# only these keeps its time stamp (an upgrade that adds one retrains nothing)
-REPORTING_FIELDS = {"tensorboard"}
+# what a spec may gain or change while its finished segments stand, since no weight it
+# trains changes: what a run reports (tensorboard), where it may resume from (the interval
+# of checkpoint_interval_s: auto, which follows the sweep's size) and which finished weights
+# it keeps on disk (keep_weights: auto becomes last when a sweep grows past a few runs)
+UNTRAINED_FIELDS = {"tensorboard", "checkpoint_interval_s", "keep_weights"}
 
 
 class MainProcess:
@@ -103,7 +106,7 @@ class MainProcess:
         config last changed (a job per run would cost one Snakemake start each), so the
         finished segments are trained again. But a new world size under segments.elastic
         keeps the time stamp: the finished segments stand and the next resumes from them;
-        so does a change of what a run only reports (REPORTING_FIELDS)."""
+        so does a change of what trains no weight (UNTRAINED_FIELDS)."""
         for run in self.runs.values() if runs is None else runs:
             if not run.sampled:
                 continue  # a later search round's trial: written once its round is asked
@@ -115,7 +118,7 @@ class MainProcess:
             run.config.write(spec)
             before, now = json.loads(old) if old else {}, run.config.to_dict()
             changed = {key for key in now if before.get(key) != now[key]}
-            if before and changed <= REPORTING_FIELDS:
+            if before and changed <= UNTRAINED_FIELDS:
                 os.utime(spec, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
                 continue
             if not before or before.get("world_size") == now["world_size"]:
@@ -145,11 +148,14 @@ class MainProcess:
                 f"{', '.join(self.packed) or 'no strategy'} in {len(self.packs)} packs of up to "
                 f"{per_job}, one job per pack and segment"
                 + (f"; {', '.join(self.unpacked)} (several processes per run): one job per run "
-                   "and segment" if self.unpacked else "") + self.describe_sharing())
+                   "and segment" if self.unpacked else "") + describe_pack_nodes(self.packs)
+                + self.describe_sharing())
         if self.config["pack"]["fuse"] and self.packs:
             self.log.info(describe_fusion(self.runs, self.packs))
         self.describe_search()
         self.log.info(storage.describe(self.storage, self.keep_weights))
+        if self.config["train"]["checkpoint_interval_s"] == "auto":
+            self.log.info(storage.describe_intervals(self.runs.values()))
 
     @functools.cached_property
     def storage(self) -> storage.Estimate:

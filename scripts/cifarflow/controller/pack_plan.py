@@ -23,9 +23,9 @@ class Pack:
     kind: str = "steps"          # how its job trains the members (workflow.PACK_KINDS)
     fuse: str = ""               # fused: one process trains all (auto, vmap, loop); "": not
     member_share_mb: int = 0     # fused: memory each further member adds to the process
-
-
     per_gpu: int = 1             # members sharing one GPU through MPS (kind "mps")
+    one_node: bool = True        # pack.nodes 1: the job asks --nodes=1 (GPU packs always)
+    whole_node: bool = False     # pack.whole_node: the job holds its node (--exclusive)
 
 
 def packable(cls: type[Strategy]) -> bool:
@@ -113,4 +113,24 @@ def share_gpus(packs: dict[str, Pack], runs: dict[str, Run], per_gpu: int,
         if pack.kind == "steps" and not pack.fuse and \
                 first.strategy_class.gpus_per_node(first.config) == 1:
             pack.kind, pack.per_gpu = "mps", per_gpu
+    return packs
+
+
+def plan_packs(runs: dict[str, Run], pack: dict) -> dict[str, Pack]:
+    """The packs of these runs as the config's pack section asks (build_packs, share_gpus,
+    place_packs); a pack section it cannot plan raises ValueError."""
+    packs = build_packs(runs, pack["runs_per_job"], fuse_mode(pack["fuse"]),
+                        pack["fuse_member_mem_mb"])
+    share_gpus(packs, runs, pack["per_gpu"], pack["runs_per_job"])
+    return place_packs(packs, pack["nodes"], pack["whole_node"])
+
+
+def place_packs(packs: dict[str, Pack], nodes, whole_node: bool) -> dict[str, Pack]:
+    """pack.nodes and pack.whole_node: whether a pack's job asks one node (1) or lets Slurm
+    spread its members ("any"), and whether it holds that node alone."""
+    if whole_node and nodes != 1:
+        raise ValueError("pack.whole_node: true holds one whole node per pack job: set "
+                         "pack.nodes: 1, or pack.whole_node: false to let the members spread")
+    for pack in packs.values():
+        pack.one_node, pack.whole_node = nodes == 1, bool(whole_node)
     return packs

@@ -90,6 +90,8 @@ class StepPack:
                  "mem_per_cpu": mem_per_cpu(self.task_mem_mb(pack, members, res["mem_mb"]), cpus)}
         if self.on_gpu(runs[pack.members[0]]):
             shape.update(nodes=1, gpus_per_task=1, gpu_model=gres_model(res))
+        elif pack.one_node:
+            shape.update(nodes=1, spread="pack.nodes: any")  # the way out if it is too wide
         return f"pack {pack.name} ({members} runs)", shape
 
     @staticmethod
@@ -129,7 +131,18 @@ class StepPack:
             res["gres"] = lambda wildcards: gpu_request(model, self.gpus(
                 plan.packs[wildcards.pack], len(plan.pack_members(wildcards))))["gres"]
             res["tasks_per_gpu"] = 0
-            res["nodes"] = 1  # a pack's GPUs on one node
+        res.update(self.placement([p for p in plan.packs.values() if p.strategy == strategy][0],
+                                  get_strategy(strategy).device_kind == "cuda"))
+        return res
+
+    @staticmethod
+    def placement(pack: Pack, on_gpu: bool) -> dict:
+        """Where a strategy's packs run (they share pack.nodes and pack.whole_node): one node
+        (a GPU pack's GPUs always are; a CPU pack's members unless pack.nodes is any), the
+        node held alone (--exclusive) with pack.whole_node."""
+        res = {"nodes": 1} if on_gpu or pack.one_node else {}
+        if pack.whole_node:
+            res["slurm_extra"] = "--exclusive"
         return res
 
 
@@ -154,6 +167,18 @@ class MpsPack(StepPack):
 
 
 PACK_KINDS = {"steps": StepPack(), "mps": MpsPack()}
+
+
+def describe_pack_nodes(packs: dict[str, Pack]) -> str:
+    """The pack line's part on where a pack job's members run (pack.nodes, whole_node)."""
+    first = next(iter(packs.values()), None)
+    if first is None:
+        return ""
+    if first.whole_node:
+        return ("; each pack job holds one whole node (pack.whole_node: --exclusive, the "
+                "node's every core charged)")
+    return ("; each pack job on one node (pack.nodes: 1)" if first.one_node else
+            "; CPU packs' members spread over nodes as Slurm places them (pack.nodes: any)")
 
 
 def job_shapes(runs: dict[str, Run], packs: dict[str, Pack]) -> dict[str, dict]:

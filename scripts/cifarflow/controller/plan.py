@@ -16,6 +16,7 @@ from ..config import TrainConfig, data_identity, resolve_augment
 from .prune import check_prune
 from .search import Search
 from .sizing import Policy
+from .storage import checkpoint_interval_s
 from ..engine.strategies import Strategy, get_strategy, registered
 
 # sweep key -> (short name in run names, config section it overrides), for every strategy;
@@ -103,9 +104,20 @@ def sweep_combos(cls: type[Strategy], sweep: dict) -> list[dict]:
     return [dict(zip(keys, combo)) for combo in itertools.product(*values)]
 
 
-def plan_run(strategy: str, config: dict, swept: dict, name: str | None = None) -> Run:
+def runs_at_once(config: dict, search: Search | None) -> int:
+    """The runs the plan trains at once (train.checkpoint_interval_s auto): a round's, packed
+    or not, since its jobs may all be queued at once; every run of a grid sweep."""
+    if search:
+        return search.samples * len(config["strategies"])
+    sweep = {k: v for k, v in (config.get("sweep") or {}).items() if k != "prune"}
+    return sum(len(sweep_combos(get_strategy(s), sweep)) for s in config["strategies"])
+
+
+def plan_run(strategy: str, config: dict, swept: dict, name: str | None = None,
+             at_once: int = 1) -> Run:
     """One run of a schema-complete config (snakemake's validate, or ``with_defaults``);
-    a grid run is named from its values, a search's trial is given its name."""
+    a grid run is named from its values, a search's trial is given its name; ``at_once``:
+    the runs the plan trains at once (runs_at_once)."""
     cls = get_strategy(strategy)
     sections = {name: dict(config[name]) for name in config_sections()}
     for key, value in swept.items():
@@ -117,6 +129,7 @@ def plan_run(strategy: str, config: dict, swept: dict, name: str | None = None) 
     world = cls.world_size(sections)
     cfg = TrainConfig.from_dict({
         **train, "augment": resolve_augment(train["model"], train["augment"]),
+        "checkpoint_interval_s": checkpoint_interval_s(train, at_once),
         "tta": config["eval"]["tta"], "run": name, "strategy": strategy, "world_size": world,
         **cls.process_settings(sections), "data_id": data_identity(config["data"]),
         "margin_s": float(sections["segments"]["margin_s"]),
@@ -172,9 +185,10 @@ def build_runs(config: dict) -> dict[str, Run]:
     if unknown:
         raise ValueError(f"sweep: unknown key(s) {unknown}; sweepable: {sorted(sweep_keys())}")
     runs: dict[str, Run] = {}
+    at_once = runs_at_once(config, None)
     for strategy in config["strategies"]:
         for swept in sweep_combos(get_strategy(strategy), sweep):
-            run = plan_run(strategy, config, swept)
+            run = plan_run(strategy, config, swept, at_once=at_once)
             runs[run.name] = run
     if not runs:
         raise ValueError("no runs: 'strategies' is empty")
@@ -197,13 +211,15 @@ def search_runs(config: dict, search: Search) -> dict[str, Run]:
     from .study_journal import read_record
 
     runs: dict[str, Run] = {}
+    at_once = runs_at_once(config, search)
     for strategy in config["strategies"]:
         for r in range(1, search.rounds + 1):
             record = read_record(round_record(config["results"], search.study_name(strategy), r))
             values = search_round_values(search, strategy, r, record)
             for i in range(search.samples):
                 name = search.trial_name(strategy, r, i)
-                run = plan_run(strategy, config, values[i] if values else {}, name=name)
+                run = plan_run(strategy, config, values[i] if values else {}, name=name,
+                               at_once=at_once)
                 run.round, run.sampled = r, values is not None
                 runs[name] = run
     return runs

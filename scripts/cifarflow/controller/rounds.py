@@ -12,8 +12,8 @@ from pathlib import Path
 
 from ..engine.checkpoint import read_manifest, read_metrics
 from ..layout import round_record, study_journal
-from .pack_plan import build_packs, fuse_mode, share_gpus
-from .plan import plan_run, search_round_values
+from .pack_plan import plan_packs
+from .plan import plan_run, runs_at_once, search_round_values
 from .search import Search
 from .study_journal import outcome_of, read_record, tell_and_ask
 
@@ -49,15 +49,14 @@ class SearchRounds:
             raise self.error(f"{round_record(self.results, study, r)} lacks trials of round {r}: "
                              "remove it and run again to ask them")
         new = {}
+        at_once = runs_at_once(self.config, self.search)
         for i, params in enumerate(values):
-            run = plan_run(strategy, self.config, params, name=self.search.trial_name(strategy, r, i))
+            run = plan_run(strategy, self.config, params,
+                           name=self.search.trial_name(strategy, r, i), at_once=at_once)
             run.round = r
             new[run.name] = self.runs[run.name] = run
         old = {p.name for p in self.packs.values() if set(p.members) & set(new)}
-        pack = self.config["pack"]
-        packs = share_gpus(build_packs(new, pack["runs_per_job"], fuse_mode(pack["fuse"]),
-                                       pack["fuse_member_mem_mb"]),
-                           new, pack["per_gpu"], pack["runs_per_job"])
+        packs = plan_packs(new, self.config["pack"])
         self.chain.add_packs(packs, old)
         if getattr(self, "main_process", False):
             self.write_specs(new.values())

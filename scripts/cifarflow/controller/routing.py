@@ -109,6 +109,9 @@ def fit_error(job, shape, named, label, places, most, partitions) -> str:
     if shape.get("per_gpu") and node_gpus and not best:
         ways.append(f"pack.runs_per_job: {node_gpus * shape['per_gpu']} ({node_gpus} "
                     f"GPU(s) of a node x pack.per_gpu {shape['per_gpu']})")
+    if shape.get("spread") and any(most_tasks({**shape, "nodes": None}, p) >= shape["tasks"]
+                                   for p in places):
+        ways.append(f"{shape['spread']} (Slurm spreads the members over nodes)")
     if shape["cpus_per_task"] > 1:
         ways.append("fewer resources.cpus_per_task")
     if len(places) == 1 and (named or places[0]["default"]):

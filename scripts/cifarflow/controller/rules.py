@@ -130,8 +130,12 @@ class SegmentRules:
         return self.sized_request(members, k, previous, attempt, wildcards.pack, policy)
 
     def pack_resources(self, strategy: str) -> dict:
+        """A pack's request and the config's placement; slurm.extra joins the pack's own
+        sbatch options (pack.whole_node's --exclusive)."""
         gpu = get_strategy(strategy).device_kind == "cuda"  # as its request's gres
-        return {**self.pack_kind(strategy).resources(self, strategy), **self.placement(gpu)}
+        own, placement = self.pack_kind(strategy).resources(self, strategy), self.placement(gpu)
+        extra = " ".join(filter(None, (own.get("slurm_extra"), placement.get("slurm_extra"))))
+        return {**own, **placement, **({"slurm_extra": extra} if extra else {})}
 
     def pack_threads(self, strategy: str):
         kind = self.pack_kind(strategy)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import budget_for
+from ..jobfacts import ENV_BUILD_SHARE
 
 MIN_MEM_MB = 256  # below this the Python interpreter and torch do not start
 
@@ -23,6 +24,7 @@ class Measured:
     wall_s: float        # all tries of the segment
     epochs: int          # epochs the segment advanced
     end_epoch: int       # epochs done when it ended
+    env_build_s: float = 0.0  # its job venv's longest build (env.mode slurm_tmpdir)
 
     @classmethod
     def of_segment(cls, segment_dir) -> "Measured | None":
@@ -40,8 +42,9 @@ class Measured:
             return None
         before = history[mine[0] - 1]["epoch"] if mine[0] else 0
         end = int(meta.get("epoch", 0))
+        builds = [history[i].get("env_build_s") or 0.0 for i in mine]
         return cls(max(peaks), sum(history[i].get("wall_s", 0) for i in mine), end - int(before),
-                   end)
+                   end, max(builds))
 
 
 @dataclass(frozen=True)
@@ -56,8 +59,9 @@ def autosized(mem_mb: int, runtime: int, measured: Measured | None, next_epochs:
     """Segment k+1's request from segment k's measurement: memory a margin above the
     measured peak, runtime the measured time per epoch x the epochs to come x the margin,
     plus the engine's stop margin (config.budget_for: it stops at config.stop_after), never
-    below ``min_runtime`` minutes (a job shorter than its start-up only feeds the queue).
-    Never above the configured request."""
+    below ``min_runtime`` minutes (a job shorter than its start-up only feeds the queue), nor
+    below the measured venv build over ENV_BUILD_SHARE (a job that builds its venv for 3
+    minutes asks 30 or more). Never above the configured request."""
     if measured is None:
         return Request(mem_mb, runtime, "")
     mem = min(mem_mb, max(MIN_MEM_MB, 100 * math.ceil(measured.peak_node_mb * margin / 100)))
@@ -66,8 +70,13 @@ def autosized(mem_mb: int, runtime: int, measured: Measured | None, next_epochs:
     if measured.epochs > 0 and next_epochs > 0:
         need_s = measured.wall_s / measured.epochs * next_epochs * margin
         need_min = math.ceil(budget_for(need_s, margin_s) / 60)
-        minutes = min(runtime, max(1, min_runtime, need_min))
-        floor = ", raised to resources.autosize_min_runtime" if need_min < minutes else ""
+        build_min = math.ceil(measured.env_build_s / ENV_BUILD_SHARE / 60)
+        minutes = min(runtime, max(1, min_runtime, need_min, build_min))
+        floor = ""
+        if need_min < minutes:
+            floor = (f", raised so the job venv's build ({measured.env_build_s:.0f} s) stays "
+                     f"under {ENV_BUILD_SHARE:.0%} of the job" if build_min > min_runtime else
+                     ", raised to resources.autosize_min_runtime")
         why.append(f"runtime {minutes} min ({measured.wall_s / measured.epochs:.0f} s per "
                    f"epoch x {next_epochs} x {margin:g}, and the stop margin{floor})")
     return Request(mem, minutes, "autosize from the previous segment: " + ", ".join(why))
@@ -86,14 +95,14 @@ def after_out_of_memory(request: Request, out_of_memory_tries: int, factor: floa
 
 
 def merged(measured: list) -> Measured | None:
-    """Several members' measurements as one request must cover them: the largest peak and
-    the slowest epoch."""
+    """Several members' measurements as one request must cover them: the largest peak, the
+    slowest epoch and the longest venv build."""
     found = [m for m in measured if m is not None and m.epochs > 0]
     if not found:
         return None
     slowest = max(found, key=lambda m: m.wall_s / m.epochs)
     return Measured(max(m.peak_node_mb for m in found), slowest.wall_s, slowest.epochs,
-                    min(m.end_epoch for m in found))
+                    min(m.end_epoch for m in found), max(m.env_build_s for m in found))
 
 
 @dataclass(frozen=True)

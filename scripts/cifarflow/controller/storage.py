@@ -35,6 +35,23 @@ CIFAR_BYTES = 341_000_000  # the archive (163 MB) and its extracted batches (178
 SMALL_BYTES_PER_SEGMENT = 20_000  # the JSON, logs and event files of a segment, about
 
 
+# train.checkpoint_interval_s auto: a run alone saves every 300 s; many runs at once save so
+# that together they write at most this much to the shared filesystem, on average
+CHECKPOINT_INTERVAL_S = 300.0
+CHECKPOINT_WRITE_MB_S = 25.0
+
+
+def checkpoint_interval_s(train: dict, runs_at_once: int) -> float:
+    """train.checkpoint_interval_s of one of ``runs_at_once`` runs (its train section): a
+    number as set; auto: max(300 s, runs x its checkpoint's size / CHECKPOINT_WRITE_MB_S),
+    a model of unknown size counted as resnet18."""
+    if train["checkpoint_interval_s"] != "auto":
+        return float(train["checkpoint_interval_s"])
+    state = (state_bytes(train["model"], train["optimizer"], train["momentum"])
+             or state_bytes("resnet18", train["optimizer"], train["momentum"]))
+    return max(CHECKPOINT_INTERVAL_S, runs_at_once * state / 1e6 / CHECKPOINT_WRITE_MB_S)
+
+
 def state_bytes(model: str, optimizer: str, momentum: float,
                 user_sizes: dict[str, tuple[int, int]] | None = None) -> int | None:
     """A checkpoint's weights and optimizer state, about; None for a model of unknown size
@@ -114,3 +131,12 @@ def describe(est: Estimate, keep_weights: str) -> str:
 
 def gb(n: float) -> str:
     return f"{n / 1e9:,.1f} GB" if n >= 1e8 else f"{n / 1e6:,.1f} MB"
+
+
+def describe_intervals(runs) -> str:
+    """One line: the in-segment checkpoint interval train.checkpoint_interval_s auto chose."""
+    chosen = sorted({run.config.checkpoint_interval_s for run in runs})
+    return (f"train.checkpoint_interval_s auto: in-segment checkpoints every "
+            f"{' or '.join(f'{s:.0f}' for s in chosen)} s ({CHECKPOINT_INTERVAL_S:.0f} for a run "
+            f"alone, longer where many train at once, so that together they write at most "
+            f"~{CHECKPOINT_WRITE_MB_S:g} MB/s on average; docs/segments.md)")

@@ -25,7 +25,7 @@ from ..layout import try_args
 from .chain import Chain
 from .main_process import MainProcess
 from .outputs import Outputs
-from .pack_plan import Pack, build_packs, fuse_mode, share_gpus
+from .pack_plan import Pack, plan_packs
 from .plan import PlanError, Run, build_runs, settle_keep_weights, sweep_item_schemas
 from .rounds import SearchRounds
 from .rules import SegmentRules
@@ -114,11 +114,8 @@ class WorkflowPlan(MainProcess, JobSoftware, SegmentRules, Outputs, SearchRounds
             runs = build_runs(config)
         except ValueError as exc:
             raise error(f"config error: {exc}")
-        per_job, per_gpu = config["pack"]["runs_per_job"], config["pack"]["per_gpu"]
         try:
-            packs = share_gpus(build_packs(runs, per_job, fuse_mode(config["pack"]["fuse"]),
-                                           config["pack"]["fuse_member_mem_mb"]),
-                               runs, per_gpu, per_job)
+            packs = plan_packs(runs, config["pack"])
         except ValueError as exc:
             raise error(f"config error: {exc}")
         return cls(config, basedir, runs, packs, **kw)

@@ -5,6 +5,7 @@ idle GPU), per run where a tip is about one run (summary.csv's `advice` column, 
 from __future__ import annotations
 
 from ..early_stop import hint_for
+from ..jobfacts import ENV_BUILD_SHARE
 from .table import FINISHED
 
 MARGIN = 1.25  # what to request next time: the measured peak plus a quarter
@@ -61,22 +62,25 @@ def request_advice(df) -> list[str]:
     return tips
 
 
-ENV_BUILD_SHARE = 0.10  # a job venv built in more than this share of a segment job: advise
 
 
 def env_build_advice(df) -> list[str]:
-    """Per strategy: where building the job venv (env.mode slurm_tmpdir) takes more than
-    ENV_BUILD_SHARE of each segment job, the two ways to pay it less often."""
+    """Per strategy whose jobs built a venv (env.mode slurm_tmpdir): what share of each
+    segment job the build took, and where it is above ENV_BUILD_SHARE, the ways to pay it
+    less often."""
     if "env_build_share" not in df:
         return []
     tips = []
     for strategy, g in df.dropna(subset=["env_build_share"]).groupby("strategy"):
         share = g.env_build_share.mean()
+        tip = (f"{strategy} ({len(g)} run(s)): building the job venv took "
+               f"{g.env_build_s.mean():.0f} s, {share:.0%} of each segment job")
         if share > ENV_BUILD_SHARE:
-            tips.append(f"{strategy} ({len(g)} run(s)): building the job venv took "
-                        f"{g.env_build_s.mean():.0f} s, {share:.0%} of each segment job: ask "
-                        "for fewer, longer segments (segments.count, resources.runtime) or use "
-                        "env.mode venv with a venv built once on a shared filesystem")
+            tip += (f": ask for fewer, longer segments (segments.count, resources.runtime of "
+                    f"{g.env_build_s.mean() / ENV_BUILD_SHARE / 60:.0f} min or more; "
+                    "resources.autosize keeps to that) or use env.mode venv with a venv built "
+                    "once on a shared filesystem")
+        tips.append(tip)
     return tips
 
 

@@ -7,8 +7,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from .. import slurm
 from ..files import read_jsonl
 from ..job.tries import ended_states
+from .accounting import with_accounting
 from .advice import advice, advice_per_run
 from .plots import plot_all
 from .study import describe, load_studies, plot_study, trial_columns
@@ -24,6 +26,8 @@ def aggregate(runs: dict, out_dir: Path, plots_dir: Path, keep_missing: bool = F
     states = ended_states(Path(run["metrics"]).parent.parent for run in runs.values()
                           if run.get("metrics"))  # one sacct for every run's killed tries
     rows = [summarize_run(name, run, lambda jobs: states) for name, run in runs.items()]
+    jobs = [job for row in rows for job in str(row.get("slurm_job_ids") or "").split()]
+    with_accounting(rows, slurm.job_accounting(jobs))  # one sacct for every run's jobs
     bad = [r["run"] for r in rows if r["status"] not in (*FINISHED, "pruned")]
     if bad and not keep_missing:
         raise ValueError(f"runs without complete metrics: {bad} (use --keep-going to "

@@ -19,7 +19,8 @@ COLUMNS = ["run", "strategy", "device", "model", "batch_size", "world_size", "cp
            "early_stops", "slurm_job_ids", "hosts", "status", "early_stop", "plateau",
            "pruned_at", "resized", "data_source", "data_md5",
            "fallbacks", "cpu_efficiency", "mem_used_mb", "mem_requested_mb", "runtime_used_min",
-           "runtime_requested_min", "mem_requested_last_mb", "runtime_requested_last_min",
+           "runtime_requested_min", "usage_from", "cpu_efficiency_measured",
+           "mem_used_measured_mb", "runtime_used_measured_min", "mem_requested_last_mb", "runtime_requested_last_min",
            "queue_wait_s", "env_build_s", "last_ended", "try_ends", "advice"]
 DIVERGED = "diverged"  # the early-end reason of a fused member whose loss turned NaN/inf
 FINISHED = ("ok", "early_stopped")  # runs that trained to their end (early_stop's included)
