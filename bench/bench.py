@@ -220,6 +220,7 @@ def part_ddp(batches: Path, reps: int, max_reps: int, deadline: float) -> dict:
 def checkpoint_cost(model: str, batch_size: int, steps: int, batches: Path) -> dict:
     from cifarflow.config import TrainConfig
     from cifarflow.engine.segment import Segment
+    from cifarflow.orders import SegmentOrder
     from cifarflow.engine.strategies import get_strategy
 
     work = OUT / "ckpt" / model
@@ -228,7 +229,7 @@ def checkpoint_cost(model: str, batch_size: int, steps: int, batches: Path) -> d
                                      batch_size=batch_size, epochs=1))
     s = get_strategy("cpu")(cfg, threads=2)
     s.setup()
-    seg = Segment(cfg, s, batches, work / "out")
+    seg = Segment(cfg, s, SegmentOrder(spec="", data=str(batches), out=str(work / "out")))
     seg.load_data()
     loader = seg.make_batches()
     net = s.wrap(seg.make_model())

@@ -30,6 +30,7 @@ from cifarflow.config import with_defaults  # noqa: E402
 from cifarflow.controller.plan import build_runs  # noqa: E402
 from cifarflow.engine.fused_train import fused_group  # noqa: E402
 from cifarflow.engine.segment import Segment  # noqa: E402
+from cifarflow.orders import SegmentOrder  # noqa: E402
 from cifarflow.engine.strategies import get_strategy  # noqa: E402
 
 OUT = ROOT / "bench" / "out" / "fused_cpu"
@@ -62,7 +63,8 @@ def configs(k: int, batch: int, model: str, seeds: bool) -> list:
 
 
 def alone(cfg, data_dir: Path, threads: int):
-    run = Segment(cfg, get_strategy("cpu")(cfg, threads), data_dir, Path("/nonexistent"))
+    run = Segment(cfg, get_strategy("cpu")(cfg, threads),
+                  SegmentOrder(spec="", data=str(data_dir), out="/nonexistent"))
     run.strategy.setup()
     run.load_data()
     batches = run.make_batches()

@@ -45,7 +45,8 @@ sys.path.insert(0, str(BENCH))
 import gpu_sweep  # noqa: E402  (puts scripts/ on sys.path)
 from gpu_sweep import ENV, ROOT  # noqa: E402
 
-from cifarflow.layout import RunPaths, try_args  # noqa: E402
+from cifarflow.layout import RunPaths  # noqa: E402
+from cifarflow.orders import SegmentOrder  # noqa: E402
 
 OUT = ROOT / "bench" / "out" / "gpu_step"
 MODES = {"deterministic": True, "nondeterministic": False}
@@ -127,14 +128,15 @@ def run_hand_written(mode: str, batches: Path, cfg, args) -> dict:
 
 def segment_argv(results: Path, batches: Path, run, threads: int) -> list[str]:
     """What the workflow's segment job runs for segment 1 of ``run`` (WorkflowPlan's
-    segment command with env.mode current): the strategy's launcher, then `cifarflow
-    train` with RunPaths.train_args and try_args."""
+    segment command with env.mode current): the strategy's launcher, then the segment's
+    order (`cifarflow train`)."""
     paths = RunPaths(str(results), run.name)
     request = run.policy.request([], run.until_epoch(1), 0)
     prefix = run.strategy_class.command_prefix(sys.executable, run).split()
-    return [*prefix, sys.executable, "-m", "cifarflow", "train",
-            *paths.train_args(1, data=str(batches), until_epoch=run.until_epoch(1), stage="none"),
-            *try_args(threads, request.runtime, request.mem_mb, 1)]
+    order = SegmentOrder.of_segment(paths, 1, data=str(batches), until_epoch=run.until_epoch(1),
+                                    stage="none", threads=threads, budget_min=request.runtime,
+                                    mem_mb=request.mem_mb, attempt=1)
+    return [*prefix, *order.command()]
 
 
 def run_engine(results: Path, batches: Path, run, threads: int) -> dict:

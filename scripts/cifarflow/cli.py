@@ -12,8 +12,9 @@ import sys
 import time
 from pathlib import Path
 
+from .orders import FusedOrder, PackOrder, SegmentOrder
+
 START = time.time()
-FUSE_MODES = ("auto", "vmap", "loop")  # pack.fuse: auto is vmap on CUDA, loop on CPU
 
 
 def cmd_fetch_data(a) -> None:
@@ -36,79 +37,35 @@ def cmd_extract_data(a) -> None:
 
 
 def cmd_train(a) -> dict:
-    from .config import TrainConfig
-    from .engine.segment import run_training
+    """A segment, its try recorded in the run's tries.jsonl (job/one_try.py): torch is
+    imported once the start is recorded, so a kill that comes early finds it."""
+    from .job.one_try import TryRefused, recorded_try, refused_exit
 
-    return run_training(TrainConfig.read(Path(a.spec)), threads=a.threads, data_dir=Path(a.data),
-                        out_dir=Path(a.out), resume_dir=Path(a.resume) if a.resume else None,
-                        work_dir=Path(a.work) if a.work else None, until_epoch=a.until_epoch,
-                        budget_min=a.budget_min, start_time=START, attempt=a.attempt,
-                        mem_mb=a.mem_mb, stage=a.stage_data,
-                        tensorboard_dir=Path(a.tensorboard) if a.tensorboard else None)
+    order = SegmentOrder.from_args(a)
+    if not order.work:  # not a workflow's segment (no run folder): no tries to record
+        from .engine.segment import run_training
 
-
-def train_recording_tries(args, user_errors: tuple) -> None:
-    """``cifarflow train`` with its try in the run's tries.jsonl (start, how it ended); a
-    retry whose previous try in this invocation ended with an error to fix ends at once."""
-    from .job import tries  # no torch before the start is recorded: a kill may come early
-    from .layout import segment_number
-
-    if not args.work:
-        return args.func(args)
-    run_dir, k = Path(args.work).parent, segment_number(args.out) or 0  # results/runs/<run>
-    refused = tries.refusal(run_dir, k, args.attempt)
-    if refused:
-        print(f"cifarflow train: error: {refused}", file=sys.stderr, flush=True)
-        sys.exit(2)
-    if tries.this_rank() == 0:
-        from .job.takeover import Superseded, take_over
-
-        try:  # never two tries training one run: an earlier workflow's job may live on
-            take_over(run_dir, run_dir.name, say=lambda line: print(line, flush=True))
-        except Superseded as exc:
-            print(f"cifarflow train: {exc}", file=sys.stderr, flush=True)
-            sys.exit(3)
-        tries.record(run_dir, k, args.attempt, "start")
+        return run_training(order, START)
     try:
-        result = args.func(args)
-    except user_errors as exc:
-        tries.record(run_dir, k, args.attempt, "end", ended=tries.USER_ERROR,
-                     error=f"{type(exc).__name__}: {exc}")
-        raise
-    except MemoryError:
-        tries.record(run_dir, k, args.attempt, "end", ended=tries.OUT_OF_MEMORY)
-        raise
-    except Exception as exc:
-        out_of_memory = type(exc).__name__ == "OutOfMemoryError"  # torch's, on a GPU
-        tries.record(run_dir, k, args.attempt, "end",
-                     ended=tries.OUT_OF_MEMORY if out_of_memory else "failed",
-                     error=f"{type(exc).__name__}: {str(exc)[:300]}")
-        raise
-    if tries.this_rank() == 0:
-        from .engine.usage import ended_as
+        with recorded_try(order.run_dir, order.out, order.attempt) as outcome:
+            from .engine.segment import run_training
 
-        tries.record(run_dir, k, args.attempt, "end", ended=ended_as(result["stopped"]))
+            outcome.result = run_training(order, START)
+    except TryRefused as exc:
+        refused_exit("train", exc)
+    return outcome.result
 
 
 def cmd_train_pack(a) -> None:
     from .job.pack import run_pack
 
-    sys.exit(run_pack(a.pack, a.segment, a.members, results=a.results, data=a.data,
-                      until_epoch=a.until_epoch, threads=a.threads, budget_min=a.budget_min,
-                      mem_per_cpu=a.mem_per_cpu, gpus=a.gpus, slots=a.slots,
-                      record=Path(a.record), stage=a.stage_data,
-                      fuse=a.fuse if a.fuse != "off" else None, per_gpu=a.per_gpu,
-                      in_step=a.in_step, again=[sys.executable, "-m", "cifarflow", *a.argv]))
+    sys.exit(run_pack(PackOrder.from_args(a)))
 
 
 def cmd_train_fused(a) -> None:
     from .job.fused_pack import train_fused_members
 
-    sys.exit(train_fused_members(a.pack, a.segment, a.members, results=a.results, data=a.data,
-                                 until_epoch=a.until_epoch, threads=a.threads,
-                                 budget_min=a.budget_min, mem_mb=a.mem_mb, stage=a.stage_data,
-                                 mode=a.mode, status=Path(a.status), start_time=START,
-                                 share_input=not a.no_shared_input))
+    sys.exit(train_fused_members(FusedOrder.from_args(a), start_time=START))
 
 
 def cmd_record_env(a) -> None:
@@ -193,65 +150,11 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--out-dir", required=True)
     e.set_defaults(func=cmd_extract_data)
 
-    t = sub.add_parser("train", help="train one segment of a run")
-    t.add_argument("--spec", required=True, help="the run's spec.json (written by the workflow)")
-    t.add_argument("--data", required=True, help="the cifar-10-batches-py directory")
-    t.add_argument("--out", required=True, help="checkpoint directory this segment writes")
-    t.add_argument("--resume", default=None, help="previous segment's checkpoint directory")
-    t.add_argument("--work", default=None, help="directory for in-segment checkpoints")
-    t.add_argument("--until-epoch", type=int, default=None)
-    t.add_argument("--budget-min", type=float, default=None, help="time budget in minutes "
-                   "(the rule's runtime); the spec's budget_s applies if smaller")
-    t.add_argument("--threads", type=int, default=0)
-    t.add_argument("--attempt", type=int, default=1, help="Snakemake's attempt (retries)")
-    t.add_argument("--mem-mb", type=int, default=None, help="memory the job asked for per node "
-                   "(recorded next to what the segment used)")
-    t.add_argument("--stage-data", choices=["auto", "slurm_tmpdir", "none"], default="none",
-                   help="read a node-local copy of --data (config data.stage)")
-    t.add_argument("--tensorboard", default=None, help="the run's TensorBoard directory "
-                   "(rank 0 writes event files there); none: no event files")
-    t.set_defaults(func=cmd_train)
-
-    k = sub.add_parser("train-pack", help="train one segment of several runs at once (a pack)")
-    k.add_argument("--pack", required=True)
-    k.add_argument("--segment", type=int, required=True)
-    k.add_argument("--members", nargs="+", required=True, help="the runs this job trains")
-    k.add_argument("--results", required=True, help="the workflow's results directory")
-    k.add_argument("--data", required=True, help="the cifar-10-batches-py directory")
-    k.add_argument("--until-epoch", type=int, required=True)
-    k.add_argument("--threads", type=int, required=True, help="cores per member")
-    k.add_argument("--budget-min", type=float, required=True)
-    k.add_argument("--mem-per-cpu", type=int, required=True, help="MB, per member's core (Slurm)")
-    k.add_argument("--gpus", type=int, default=0, help="GPUs per member (Slurm)")
-    k.add_argument("--slots", type=int, default=1, help="cores of the job outside Slurm")
-    k.add_argument("--record", required=True, help="the pack's record, written last")
-    k.add_argument("--stage-data", choices=["auto", "slurm_tmpdir", "none"], default="none")
-    k.add_argument("--fuse", choices=["off", *FUSE_MODES], default="off",
-                   help="train the members as one fused model in one process (pack.fuse)")
-    k.add_argument("--per-gpu", type=int, default=1, help="members sharing each GPU through "
-                   "one private MPS daemon (pack.per_gpu)")
-    k.add_argument("--in-step", action="store_true", help="inside the one Slurm step of an "
-                   "MPS-shared pack: start the daemon and the members here")
-    k.set_defaults(func=cmd_train_pack)
-
-    u = sub.add_parser("train-fused", help="train one segment of a fused pack's members in "
-                       "this process (started by train-pack --fuse)")
-    u.add_argument("--pack", required=True)
-    u.add_argument("--segment", type=int, required=True)
-    u.add_argument("--members", nargs="+", required=True)
-    u.add_argument("--results", required=True)
-    u.add_argument("--data", required=True)
-    u.add_argument("--until-epoch", type=int, required=True)
-    u.add_argument("--threads", type=int, default=0)
-    u.add_argument("--budget-min", type=float, default=None)
-    u.add_argument("--mem-mb", type=int, default=None)
-    u.add_argument("--stage-data", choices=["auto", "slurm_tmpdir", "none"], default="none")
-    u.add_argument("--mode", choices=FUSE_MODES, default="auto")
-    u.add_argument("--status", required=True, help="each member's outcome, written last")
-    u.add_argument("--no-shared-input", action="store_true",
-                   help="gather each member's batch even when all share one order (a "
-                   "benchmark's baseline; the default shares it)")
-    u.set_defaults(func=cmd_train_fused)
+    for order in (SegmentOrder, PackOrder, FusedOrder):  # a job's order: orders.py
+        o = sub.add_parser(order.COMMAND, help=order.HELP)
+        order.add_arguments(o)
+        o.set_defaults(func={"train": cmd_train, "train-pack": cmd_train_pack,
+                             "train-fused": cmd_train_fused}[order.COMMAND])
 
     r = sub.add_parser("record-env", help="write the software environment")
     r.add_argument("--out", required=True)
@@ -332,18 +235,12 @@ def main(argv=None) -> None:
         from .job.launch import main as launch_main
 
         return launch_main(argv[1:])
-    from .engine.checkpoint import CheckpointError
-    from .data import DatasetError
-    from .engine.strategies.base import StrategyError
+    from .job.one_try import user_error_types
 
     args = parser().parse_args(argv)
-    args.argv = argv  # the command line, for a command that runs itself again (train-pack)
-    user_errors = (DatasetError, CheckpointError, StrategyError, ValueError)
+    user_errors = user_error_types()
     try:
-        if args.command == "train":
-            train_recording_tries(args, user_errors)
-        else:
-            args.func(args)
+        args.func(args)
     except user_errors as exc:
         print(f"cifarflow {args.command}: error: {exc}", file=sys.stderr, flush=True)
         sys.exit(2)

@@ -1,6 +1,6 @@
 """Where a run's and a pack's files live under ``results/``: the one copy of the path
-templates, of the names of a segment's try logs and of a segment's ``cifarflow train``
-arguments, for the workflow (workflow.py) and the jobs (the pack driver, tries) alike."""
+templates and of the names of a segment's try logs, for the workflow (workflow.py), the
+orders it sends (orders.py) and the jobs (the pack driver, tries) alike."""
 
 from __future__ import annotations
 
@@ -44,24 +44,6 @@ class RunPaths:
     def attempt_log(self, k: int, attempt: int, requeue: int = 0) -> str:
         """The log of one try of segment k, kept beside segment-<k>.log."""
         return f"{self.logs}/{attempt_log_name(f'segment-{k}', attempt, requeue)}"
-
-    def train_args(self, k: int, *, data: str, until_epoch: int, stage: str) -> list[str]:
-        """`cifarflow train`'s arguments for segment k but its job's (try_args): where it reads
-        and writes; all else is in the run's spec.json. One copy, for the segment rule
-        (workflow.py) and a pack's members (pack.py)."""
-        args = ["--spec", self.spec, "--data", data, "--out", self.segment(k), "--work",
-                self.work, "--until-epoch", str(until_epoch), "--tensorboard", self.tensorboard,
-                "--stage-data", stage]
-        if int(k) > 1:
-            args += ["--resume", self.segment(int(k) - 1)]
-        return args
-
-
-def try_args(threads, budget_min, mem_mb, attempt) -> list[str]:
-    """The rest of `cifarflow train`'s arguments: what this try's job got (the rule passes
-    Snakemake's placeholders, which a retry changes)."""
-    return ["--threads", str(threads), "--budget-min", str(budget_min), "--mem-mb", str(mem_mb),
-            "--attempt", str(attempt)]
 
 
 # One try of a segment: segment-<k>.attempt<n>.log, plus .requeue<r> when Slurm requeued

@@ -61,20 +61,32 @@ class Order:
         values = {f.name: getattr(args, f.name) for f in fields(cls)}
         return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
 
-    def to_argv(self) -> list[str]:
-        """The order as ``cifarflow <command>``'s options (not the command itself)."""
+    def to_argv(self, leave=()) -> list[str]:
+        """The order as ``cifarflow <command>``'s options (not the command itself), but the
+        fields named in ``leave`` (a rule's template fills them in: rule_command)."""
         argv, last = [], []
         for f in fields(self):
             value, flag = getattr(self, f.name), "--" + f.name.replace("_", "-")
-            if value is None or value is False:
+            if value is None or value is False or f.name in leave:
                 continue
             if value is True:
                 argv.append(flag)
             elif isinstance(value, tuple):
                 last += [flag, *map(str, value)]  # nargs="+" last: nothing follows it
             else:
-                argv.append(f"{flag}={value}")
+                argv += [flag, str(value)]
         return argv + last
+
+    @classmethod
+    def rule_command(cls, fixed: str, **filled: str) -> str:
+        """The order as a Snakemake shell template: ``fixed`` (a placeholder of the rule's
+        params holding the job's ``to_argv(leave=filled)``), then each field of ``filled``
+        from its placeholder: what a retry changes (resources) is never a param, which
+        Snakemake keeps from the first try."""
+        for name in filled:
+            assert name in {f.name for f in fields(cls)}, name
+        return " ".join([cls.COMMAND, fixed, *(f"--{name.replace('_', '-')} {value}"
+                                              for name, value in filled.items())])
 
     def command(self, python: str = sys.executable) -> list[str]:
         """This process's Python running the order: a job starting a member or a group."""

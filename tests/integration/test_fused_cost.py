@@ -15,6 +15,7 @@ from cifarflow.config import with_defaults
 from cifarflow.controller.plan import build_runs
 from cifarflow.engine.fused_train import fused_group
 from cifarflow.engine.segment import Segment
+from cifarflow.orders import SegmentOrder
 from cifarflow.engine.strategies import get_strategy
 
 # aten operators that launch no kernel: views, metadata, allocation; the rest compute
@@ -53,7 +54,8 @@ def fused_step_ops(k: int, cifar_dir: Path, mode: str = "vmap") -> dict[str, int
 
 def single_step_ops(cifar_dir: Path) -> dict[str, int]:
     cfg = configs(1)[0]
-    run = Segment(cfg, get_strategy("cpu")(cfg, 2), cifar_dir, Path("/nonexistent"))
+    run = Segment(cfg, get_strategy("cpu")(cfg, 2),
+                  SegmentOrder(spec="", data=str(cifar_dir), out="/nonexistent"))
     run.strategy.setup()
     run.load_data()
     batches = run.make_batches()

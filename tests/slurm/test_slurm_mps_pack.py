@@ -46,7 +46,8 @@ def test_a_shared_gpu_pack_is_one_step_holding_its_gpus_that_places_its_members(
     assert len(steps) == 1, log
     assert re.search(r"srun --exact --ntasks=1 --nodes=1 --cpus-per-task=2 --mem-per-cpu=1000 "
                      r"--kill-on-bad-exit=1 --job-name=gpu-pack001 --gres=gpu:1 \S+ -m "
-                     r"cifarflow train-pack --per-gpu=2 --pack=gpu-pack001 .* --in-step$", steps[0]), steps[0]
+                     r"cifarflow train-pack --pack gpu-pack001 .* --per-gpu 2 --in-step .* --members "
+                     r"gpu_lr0p01 gpu_lr0p02$", steps[0]), steps[0]
     # inside it, step 0 of the job, on one node: Slurm's GPU, the placement, the MPS pipes
     inside = [l for l in log.splitlines() if re.match(r"\[pack gpu-pack001\] step \d", l)]
     assert len(inside) == 1, log

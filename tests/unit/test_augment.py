@@ -10,6 +10,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from conftest import spec
+from cifarflow.orders import SegmentOrder
 from cifarflow.config import NEUTRAL, SHAPING_FIELDS, TrainConfig, resolve_augment
 from cifarflow.engine.augment import Augment, Draws, apply, draw_seed, draws, mirror
 from cifarflow.engine.loaders import Split, TensorBatches, TorchvisionBatches, normalize
@@ -173,7 +174,7 @@ def segment_of(**kw):
     from cifarflow.engine.strategies import get_strategy
 
     cfg = TrainConfig.read(spec(**kw))
-    return Segment(cfg, get_strategy("cpu")(cfg, 1), data_dir=".", out_dir=".")
+    return Segment(cfg, get_strategy("cpu")(cfg, 1), SegmentOrder(spec="", data=".", out="."))
 
 
 def test_label_smoothing_changes_the_loss_as_cross_entropy_defines_it():

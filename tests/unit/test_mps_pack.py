@@ -13,6 +13,7 @@ from cifarflow.engine.gpu_monitor import visible_gpus
 from cifarflow.controller.routing import check_fit
 from cifarflow.job.mps_pack import GpuSlots, one_step
 from cifarflow.job.pack import run_pack
+from cifarflow.orders import PackOrder
 from cifarflow.controller.pack_plan import build_packs, share_gpus
 from cifarflow.controller.plan import build_runs
 from cifarflow.controller.packs import job_shapes
@@ -66,11 +67,16 @@ def test_the_pack_job_command_carries_per_gpu_to_train_pack(tmp_path, bin_dir):
 
 
 def test_one_step_holds_the_node_s_gpus_and_every_member_s_cores():
-    again = ["python", "-m", "cifarflow", "train-pack", "--pack", "gpu-pack001"]
-    assert one_step(again, "gpu-pack001", members=3, threads=2, mem_per_cpu=1500, per_gpu=2) == [
+    order = PackOrder(pack="gpu-pack001", segment=1, results="r", data="d", until_epoch=1,
+                      gpus=1, per_gpu=2, threads=2, mem_per_cpu=1500, record="rec.json",
+                      members=("gpu_a", "gpu_b", "gpu_c"))
+    step = one_step(order)
+    assert step[:9] == [
         "srun", "--exact", "--ntasks=1", "--nodes=1", "--cpus-per-task=6",
         "--mem-per-cpu=1500", "--kill-on-bad-exit=1", "--job-name=gpu-pack001",
-        "--gres=gpu:2", *again, "--in-step"]
+        "--gres=gpu:2"]
+    assert step[9:] == order.replace(in_step=True).command()  # the same order, inside
+    assert "--in-step" in step and step[-4:] == ["--members", "gpu_a", "gpu_b", "gpu_c"]
 
 
 def test_dry_run_says_how_packs_share_gpus(tmp_path, bin_dir):
@@ -148,10 +154,10 @@ def run_shared(tmp_path, members, gpus, monkeypatch, per_gpu=2):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", gpus)
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     monkeypatch.setenv("PATH", str(tmp_path / "no-nvidia-tools"))  # no MPS here, for sure
-    return run_pack("gpu-pack001", 1, members, results=str(tmp_path / "results"),
-                    data=str(tmp_path / "data"), until_epoch=1, threads=1, budget_min=1,
-                    mem_per_cpu=100, gpus=1, slots=len(members), record=tmp_path / "rec.json",
-                    per_gpu=per_gpu)
+    return run_pack(PackOrder(
+        pack="gpu-pack001", segment=1, members=tuple(members), results=str(tmp_path / "results"),
+        data=str(tmp_path / "data"), until_epoch=1, threads=1, budget_min=1, mem_per_cpu=100,
+        gpus=1, slots=len(members), record=str(tmp_path / "rec.json"), per_gpu=per_gpu))
 
 
 def test_the_driver_places_the_members_then_stops_at_one_line_without_mps(

@@ -22,7 +22,8 @@ from cifarflow.cli import parser
 from cifarflow.config import with_defaults
 from cifarflow.layout import (RunPaths, attempt_log_name, attempt_logs_pattern, attempt_number,
                               attempt_log_sink)
-from cifarflow.job.members import member_argv, next_attempt
+from cifarflow.job.members import next_attempt
+from cifarflow.orders import PackOrder, SegmentOrder
 from cifarflow.controller.packs import mem_per_cpu
 from cifarflow.controller.plan import PlanError
 from cifarflow.controller.software import fetch_args, installed_command
@@ -108,18 +109,17 @@ def test_a_segment_job_and_a_pack_member_run_the_same_command(tmp_path, bin_dir,
     command = plan.segment_command.format(  # as Snakemake fills the rule's shell in
         params=params, resources=resources(cpus_per_task=2, runtime=30, mem_mb=4000, attempt=3))
     assert command.split()[:2] == ["cifarflow", "train"]
-    args = " ".join(command.split()[2:])
-    member = member_argv(RunPaths(plan.results, run.name), k, plan.batches, run.until_epoch(k),
-                         2, 30, 3, 4000, plan.config["data"]["stage"])
-    assert member[1:4] == ["-m", "cifarflow", "train"]
-    assert args.split() == member[4:]
-    parsed = parser().parse_args(["train", *args.split()])
+    order = SegmentOrder.from_args(parser().parse_args(command.split()[1:]))
+    member = PackOrder(pack="cpu-pack001", segment=k, results=plan.results, data=plan.batches,
+                       until_epoch=run.until_epoch(k), stage_data=plan.config["data"]["stage"],
+                       threads=2, budget_min=30, mem_per_cpu=2000).member(run.name, 3)
+    assert order == member  # one order, whoever sends it
     paths = RunPaths(plan.results, run.name)
-    assert (parsed.spec, parsed.out, parsed.work, parsed.tensorboard) == \
+    assert (order.spec, order.out, order.work, order.tensorboard) == \
         (paths.spec, paths.segment(k), paths.work, paths.tensorboard)
-    assert parsed.resume == (paths.segment(1) if k == 2 else None)
-    assert (parsed.until_epoch, parsed.threads, parsed.budget_min, parsed.mem_mb,
-            parsed.attempt) == (2 * k, 2, 30.0, 4000, 3)
+    assert order.resume == (paths.segment(1) if k == 2 else None)
+    assert (order.until_epoch, order.threads, order.budget_min, order.mem_mb,
+            order.attempt) == (2 * k, 2, 30.0, 4000, 3)
 
 
 def test_a_pack_job_command_is_what_train_pack_reads(tmp_path, bin_dir):

@@ -10,7 +10,13 @@ from typing import TYPE_CHECKING
 from ..engine.strategies import get_strategy
 from ..engine.strategies.base import gpu_request
 from ..job.mps_daemon import mps_gpus
+from ..orders import PackOrder
 from .pack_plan import Pack
+
+# what a pack job's try got, as Snakemake fills it in (a retry changes the request)
+PACK_TRY = {"threads": "{resources.cpus_per_task}", "budget_min": "{resources.runtime}",
+            "mem_per_cpu": "{resources.mem_mb_per_cpu}", "slots": "{threads}",
+            "record": "{output.record}"}
 from .plan import Run
 
 if TYPE_CHECKING:
@@ -38,28 +44,25 @@ class StepPack:
 
     # Snakemake's shell template: what a retry changes (the request) comes from `resources`
     # there, never from params, which Snakemake keeps from the first try
-    command = ("{params.prologue}{params.cifarflow} train-pack {params.args}"
-               " --threads {resources.cpus_per_task} --budget-min {resources.runtime}"
-               " --mem-per-cpu {resources.mem_mb_per_cpu} --slots {threads}"
-               " --record {output.record}")
+    command = "{params.prologue}{params.cifarflow} " + PackOrder.rule_command(
+        "{params.args}", **PACK_TRY)
+
+    def order(self, plan: "WorkflowPlan", pack: Pack, k: int, members: list[str]) -> PackOrder:
+        """The pack's segment: which members, where they read and write, how they train
+        (the request is its job's: PACK_TRY)."""
+        first = plan.runs[pack.members[0]]  # the members share strategy, request and plan
+        return PackOrder(pack=pack.name, segment=k, results=plan.results, data=plan.batches,
+                         until_epoch=first.until_epoch(k),
+                         stage_data=plan.config["data"]["stage"],
+                         gpus=first.strategy_class.gpus_per_node(first.config),
+                         fuse=pack.fuse or None, per_gpu=pack.per_gpu,
+                         members=tuple(members))
 
     def args(self, plan: "WorkflowPlan", wildcards) -> str:
-        """The pack's segment: which members, where they read and write."""
-        pack, k = plan.packs[wildcards.pack], int(wildcards.segment)
-        first = plan.runs[pack.members[0]]  # the members share strategy, request and plan
-        options = {
-            "pack": pack.name,
-            "segment": k,
-            "results": plan.results,
-            "data": plan.batches,
-            "until-epoch": first.until_epoch(k),
-            "stage-data": plan.config["data"]["stage"],
-            "gpus": first.strategy_class.gpus_per_node(first.config),
-        }
-        if pack.fuse:
-            options["fuse"] = pack.fuse
-        args = [f"--{key}={value}" for key, value in options.items()]
-        return shlex.join(args + ["--members", *plan.pack_members(wildcards)])
+        """The order of the pack's segment job, but what its try's request fills in."""
+        order = self.order(plan, plan.packs[wildcards.pack], int(wildcards.segment),
+                           plan.pack_members(wildcards))
+        return shlex.join(order.to_argv(leave=PACK_TRY))
 
     @staticmethod
     def task_count(pack: Pack, members: int) -> int:
@@ -151,9 +154,6 @@ class MpsPack(StepPack):
     and memory as in StepPack, but G = ceil(members / M) GPUs, and ONE Slurm step holding the
     node's G GPUs (a step's GPU is its own) starts them under one private MPS daemon, M on
     each GPU."""
-
-    def args(self, plan: "WorkflowPlan", wildcards) -> str:
-        return f"--per-gpu={plan.packs[wildcards.pack].per_gpu} " + super().args(plan, wildcards)
 
     def gpus(self, pack: Pack, members: int) -> int:
         """One per ``per_gpu`` members."""

@@ -13,7 +13,12 @@ from typing import Callable
 from ..engine.strategies import get_strategy
 from ..job.tries import out_of_memory_count
 from ..layout import RunPaths, pack_marker
+from ..orders import SegmentOrder
 from .packs import PACK_KINDS, StepPack
+
+# what a segment job's try got, as Snakemake fills it in (a retry changes the request)
+SEGMENT_TRY = {"threads": "{resources.cpus_per_task}", "budget_min": "{resources.runtime}",
+               "mem_mb": "{resources.mem_mb}", "attempt": "{resources.attempt}"}
 from .plan import Run
 
 
@@ -45,12 +50,17 @@ class SegmentRules:
         k = int(wildcards.segment)
         return RunPaths(self.results, wildcards.run).segment(k - 1) if k > 1 else []
 
+    def segment_order(self, run: str, k: int) -> SegmentOrder:
+        """Segment k of the run: where it reads and writes, its target epoch (the request
+        is its job's: SEGMENT_TRY)."""
+        return SegmentOrder.of_segment(RunPaths(self.results, run), k, data=self.batches,
+                                       until_epoch=self.runs[run].until_epoch(k),
+                                       stage=self.config["data"]["stage"])
+
     def segment_args(self, wildcards) -> str:
-        """`cifarflow train`'s arguments for the segment job (RunPaths.train_args)."""
-        run, k = self.runs[wildcards.run], int(wildcards.segment)
-        return shlex.join(RunPaths(self.results, run.name).train_args(
-            k, data=self.batches, until_epoch=run.until_epoch(k),
-            stage=self.config["data"]["stage"]))
+        """The segment job's order (`cifarflow train`), but what its try's request fills in."""
+        order = self.segment_order(wildcards.run, int(wildcards.segment))
+        return shlex.join(order.to_argv(leave=SEGMENT_TRY))
 
     def sized_request(self, runs: list[str], k: int, previous: list, attempt: int, name: str,
                       policy=None):

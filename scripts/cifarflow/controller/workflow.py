@@ -21,14 +21,14 @@ import sysconfig
 from pathlib import Path
 
 from ..config import data_identity
-from ..layout import try_args
+from ..orders import SegmentOrder
 from .chain import Chain
 from .main_process import MainProcess
 from .outputs import Outputs
 from .pack_plan import Pack, plan_packs
 from .plan import PlanError, Run, build_runs, settle_keep_weights, sweep_item_schemas
 from .rounds import SearchRounds
-from .rules import SegmentRules
+from .rules import SEGMENT_TRY, SegmentRules
 from .search import Search
 from .software import JobSoftware, installed_command
 
@@ -62,9 +62,8 @@ class WorkflowPlan(MainProcess, JobSoftware, SegmentRules, Outputs, SearchRounds
 
     # the segment job's command line, a Snakemake shell template: the request comes from
     # `resources` (a retry changes it; params keep the first try's values)
-    segment_command = ("{params.prologue}{params.launch} {params.cifarflow} train {params.args} "
-                       + " ".join(try_args("{resources.cpus_per_task}", "{resources.runtime}",
-                                           "{resources.mem_mb}", "{resources.attempt}")))
+    segment_command = ("{params.prologue}{params.launch} {params.cifarflow} "
+                       + SegmentOrder.rule_command("{params.args}", **SEGMENT_TRY))
 
     def __init__(self, config: dict, basedir, runs: dict[str, Run], packs: dict[str, Pack], *,
                  checkpoints=None, pending: type[Exception] = LookupError,

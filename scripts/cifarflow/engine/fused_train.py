@@ -78,13 +78,13 @@ def fused_group(cfgs: list, data_dir, threads: int = 0, mode: str | None = None,
                 share_input: bool = True, say=print) -> FusedGroup:
     """A fused group of the runs ``cfgs`` (TrainConfigs, one strategy), built in this process
     from scratch with nothing written: what benchmarks and tests step and profile."""
-    from pathlib import Path
-
+    from ..orders import SegmentOrder
     from .segment import Segment
     from .strategies import get_strategy
 
-    members = [Segment(cfg, get_strategy(cfg.strategy)(cfg, threads), Path(data_dir),
-                       Path("/nonexistent")) for cfg in sorted(cfgs, key=lambda c: c.optimizer)]
+    order = SegmentOrder(spec="", data=str(data_dir), out="/nonexistent")
+    members = [Segment(cfg, get_strategy(cfg.strategy)(cfg, threads), order)
+               for cfg in sorted(cfgs, key=lambda c: c.optimizer)]
     for m in members:
         m.strategy.setup()
     mode = build_members(members, mode)

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from . import checkpoint as ckpt
 from ..config import TrainConfig
+from ..orders import SegmentOrder
 from .augment import mirror
 from .loaders import Split, eval_batches
 from .stage import stage_split
@@ -42,26 +43,25 @@ class Segment(SegmentCheckpoints):
     ``attach``, ``resume``, ``begin``, ``start_epoch``, ``compute``, ``after_batch``,
     ``end_epoch``, ``finish``."""
 
-    def __init__(self, cfg: TrainConfig, strategy, data_dir: Path, out_dir: Path,
-                 resume_dir: Path | None = None, work_dir: Path | None = None,
-                 until_epoch: int | None = None, budget_min: float | None = None,
-                 start_time: float | None = None, attempt: int = 1, mem_mb: int | None = None,
-                 stage: str = "none",
-                 tensorboard_dir: Path | None = None):
-        self.cfg, self.strategy = cfg, strategy
-        self.data_dir, self.out_dir = Path(data_dir), Path(out_dir)
-        self.resume_dir = Path(resume_dir) if resume_dir else None
-        self.work_dir = Path(work_dir) if work_dir else None
-        self.until_epoch = min(until_epoch or cfg.epochs, cfg.epochs)
-        budgets = [b for b in (cfg.budget_s, (budget_min or 0) * 60) if b]
+    def __init__(self, cfg: TrainConfig, strategy, order: SegmentOrder,
+                 start_time: float | None = None):
+        """Segment ``order`` (orders.SegmentOrder: where it reads and writes, its target
+        epoch, what its try's job got) of the run ``cfg``, under ``strategy``."""
+        self.cfg, self.strategy, self.order = cfg, strategy, order
+        self.data_dir, self.out_dir = Path(order.data), Path(order.out)
+        self.resume_dir = Path(order.resume) if order.resume else None
+        self.work_dir = Path(order.work) if order.work else None
+        self.until_epoch = min(order.until_epoch or cfg.epochs, cfg.epochs)
+        budgets = [b for b in (cfg.budget_s, (order.budget_min or 0) * 60) if b]
         self.budget_s = min(budgets) if budgets else None
-        self.start_time, self.attempt = start_time or time.time(), attempt
-        self.stage = stage        # data.stage: where load_data reads the split from
-        self.requested = {"requested_mem_mb": mem_mb, "requested_runtime_min": budget_min}
+        self.start_time, self.attempt = start_time or time.time(), order.attempt
+        self.stage = order.stage_data  # data.stage: where load_data reads the split from
+        self.requested = {"requested_mem_mb": order.mem_mb,
+                          "requested_runtime_min": order.budget_min}
         self.checkpointer = strategy.checkpointer()
         self.progress = Progress()
         self.stopping = cfg.stopping()  # train.early_stop, decided from progress.history
-        self.report = Reporter(strategy, tensorboard_dir if cfg.tensorboard else None)
+        self.report = Reporter(strategy, order.tensorboard if cfg.tensorboard else None)
         self.meter = EpochMeter(strategy.device)
         self.stop: StopController | None = None  # from begin(): its clock starts there
         self.train_split = self.test_split = None
@@ -264,14 +264,15 @@ class Segment(SegmentCheckpoints):
         return self.finish(reason)
 
 
-def run_training(cfg: TrainConfig, threads: int = 0, **segment_kw) -> dict:
+def run_training(order: SegmentOrder, start_time: float | None = None) -> dict:
     """Thin entry point: set the strategy up, let it drive a segment, always tear down."""
     from .strategies import get_strategy
 
-    strategy = get_strategy(cfg.strategy)(cfg, threads)
+    cfg = TrainConfig.read(Path(order.spec))
+    strategy = get_strategy(cfg.strategy)(cfg, order.threads)
     try:
         strategy.setup()
-        return strategy.train(Segment(cfg, strategy, **segment_kw))
+        return strategy.train(Segment(cfg, strategy, order, start_time))
     finally:
         strategy.teardown()
         sys.stdout.flush()

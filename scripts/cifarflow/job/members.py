@@ -1,25 +1,17 @@
-"""A pack member as its own process, whichever way its pack trains: its `cifarflow train`
-command line, as a Slurm step of the allocation, its next try, whether an earlier try
-already published it, its log, and the pack's record once every member succeeded."""
+"""A pack member as its own process, whichever way its pack trains: as a Slurm step of the
+allocation, its next try, whether an earlier try already published it (the one check every
+kind of pack makes), its log, and the pack's record once every member succeeded. Its
+`cifarflow train` is its order's (orders.PackOrder.member)."""
 
 from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 
 from ..config import TrainConfig
 from ..engine.checkpoint import CheckpointError, atomic_write_text, read_manifest
-from ..layout import RunPaths, attempt_logs_pattern, attempt_number, try_args
-
-
-def member_argv(paths: RunPaths, k: int, data: str, until_epoch: int, threads: int,
-                budget_min: float, attempt: int, mem_mb: int, stage: str = "none") -> list[str]:
-    """The member's `cifarflow train`, exactly as an unpacked segment job runs it."""
-    return [sys.executable, "-m", "cifarflow", "train",
-            *paths.train_args(k, data=data, until_epoch=until_epoch, stage=stage),
-            *try_args(threads, budget_min, mem_mb, attempt)]
+from ..layout import RunPaths, attempt_logs_pattern, attempt_number
 
 
 def slurm_step(argv: list[str], run: str, cpus: int, mem_per_cpu: int, gpus: int) -> list[str]:
@@ -50,6 +42,21 @@ def already_trained(paths: RunPaths, k: int, until_epoch: int) -> dict | None:
     if manifest.get("config_hash") != config_hash or manifest.get("until_epoch") != until_epoch:
         return None
     return manifest
+
+
+def to_train(pack: str, k: int, members, results: str, until_epoch: int) -> tuple[dict, list]:
+    """(the report of the members an earlier try of this job already published, the members
+    left to train), saying which were not retrained."""
+    report, todo = {}, []
+    for run in members:
+        manifest = already_trained(RunPaths(results, run), k, until_epoch)
+        if manifest is None:
+            todo.append(run)
+            continue
+        report[run] = {"trained": False, "exit": 0, "done": manifest["done"],
+                       "epoch": manifest["epoch"]}
+        print(f"[pack {pack}] {run}: segment {k} already published, not retrained", flush=True)
+    return report, todo
 
 
 def publish_record(pack: str, k: int, members: list[str], report: dict, record: Path) -> int:

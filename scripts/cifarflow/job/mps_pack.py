@@ -1,7 +1,7 @@
 """An MPS-shared pack (``pack.per_gpu`` M): its members run M at a time on each GPU under one
 private MPS daemon (mps_daemon.py). A Slurm step's GPUs are its own, so in a Slurm job the
 driver starts ONE step holding the node's GPUs and the members' cores (``srun --gres=gpu:G
-cifarflow train-pack ... --in-step``); there, and outside Slurm, it starts the daemon and
+cifarflow train-pack ... --in-step``: the same order, in_step set); there, and outside Slurm, it starts the daemon and
 the members as child processes (pack.train_members), each pinned to its GPU
 (``CIFARFLOW_CUDA_DEVICE``), with its own log, try, checkpoint and exit status."""
 
@@ -13,6 +13,7 @@ import sys
 
 from ..engine.gpu_monitor import visible_gpus
 from ..layout import RunPaths
+from ..orders import PackOrder
 from .members import already_trained, slurm_step
 from .mps_daemon import gpu_problem, mps_dirs, mps_gpus
 
@@ -38,33 +39,33 @@ class GpuSlots:
         self.sharers[gpu] -= 1
 
 
-def run_in_one_step(pack: str, k: int, members: list[str], threads: int, mem_per_cpu: int,
-                    per_gpu: int, again: list[str]) -> int:
+def run_in_one_step(order: PackOrder) -> int:
     """An MPS-shared pack in a Slurm job: one step holding the node's GPUs (one per per_gpu
-    members) and every member's cores runs this driver again (``again``), which starts the
-    daemon and the members."""
-    step = one_step(again, pack, len(members), threads, mem_per_cpu, per_gpu)
-    print(f"[pack {pack}] segment {k}: {len(members)} member(s), {per_gpu} per GPU under "
-          f"MPS: one Slurm step holds the node's GPUs and starts them: {' '.join(step)}",
-          flush=True)
+    members) and every member's cores runs this driver again (the order, in_step), which
+    starts the daemon and the members."""
+    step = one_step(order)
+    print(f"[pack {order.pack}] segment {order.segment}: {len(order.members)} member(s), "
+          f"{order.per_gpu} per GPU under MPS: one Slurm step holds the node's GPUs and starts "
+          f"them: {' '.join(step)}", flush=True)
     return subprocess.call(step)
 
 
-def one_step(again: list[str], pack: str, members: int, threads: int, mem_per_cpu: int,
-             per_gpu: int) -> list[str]:
+def one_step(order: PackOrder) -> list[str]:
     """The MPS-shared pack's one step: its node's ceil(members / per_gpu) GPUs, every
     member's cores and memory, running the driver again inside it."""
-    return slurm_step([*again, "--in-step"], pack, threads * members, mem_per_cpu,
-                      mps_gpus(members, per_gpu))
+    members = len(order.members)
+    return slurm_step(order.replace(in_step=True).command(), order.pack,
+                      order.threads * members, order.mem_per_cpu,
+                      mps_gpus(members, order.per_gpu))
 
 
-def share_gpus_here(pack: str, k: int, members: list[str], results: str, until_epoch: int,
-                    per_gpu: int, in_step: bool) -> GpuSlots | None:
+def share_gpus_here(order: PackOrder) -> GpuSlots | None:
     """The GPUs the members share here, after saying where each member of the first wave
     trains; None, after one line saying why, where no GPU or no MPS is found."""
+    pack, per_gpu = order.pack, order.per_gpu
     count = visible_gpus()
     where = (f"step {os.environ.get('SLURM_JOB_ID')}.{os.environ.get('SLURM_STEP_ID', '?')} on "
-             if in_step else "") + os.uname().nodename
+             if order.in_step else "") + os.uname().nodename
     dirs = mps_dirs()
     print(f"[pack {pack}] {where}: {count or 0} GPU(s) (CUDA_VISIBLE_DEVICES="
           f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}), {per_gpu} member(s) per GPU "
@@ -72,7 +73,7 @@ def share_gpus_here(pack: str, k: int, members: list[str], results: str, until_e
           f"{dirs['CUDA_MPS_PIPE_DIRECTORY']}", flush=True)
     problem = "no GPU is visible (nvidia-smi, CUDA_VISIBLE_DEVICES)" if not count else None
     if count:
-        say_placement(pack, k, members, results, until_epoch, GpuSlots(count, per_gpu))
+        say_placement(order, GpuSlots(count, per_gpu))
         problem = gpu_problem()
     if problem:
         print(f"[pack {pack}] pack.per_gpu {per_gpu}: the members share GPUs through NVIDIA "
@@ -82,11 +83,11 @@ def share_gpus_here(pack: str, k: int, members: list[str], results: str, until_e
     return GpuSlots(count, per_gpu)
 
 
-def say_placement(pack: str, k: int, members: list[str], results: str, until_epoch: int,
-                  slots: GpuSlots) -> None:
+def say_placement(order: PackOrder, slots: GpuSlots) -> None:
     """Where the first wave of members trains, as train_members places it (fresh slots)."""
-    todo = [run for run in members if already_trained(RunPaths(results, run), k,
-                                                       until_epoch) is None]
+    pack = order.pack
+    todo = [run for run in order.members if already_trained(
+        RunPaths(order.results, run), order.segment, order.until_epoch) is None]
     wave: dict[int, list[str]] = {}
     for run in todo:
         if not slots.free():

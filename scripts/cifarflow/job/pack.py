@@ -24,72 +24,56 @@ from pathlib import Path
 from ..engine.checkpoint import read_manifest
 from ..engine.strategies.base import GPU_INDEX_ENV
 from ..layout import RunPaths
+from ..orders import PackOrder
 from .fused_pack import run_fused_pack
-from .members import (already_trained, member_argv, next_attempt, open_member_log,
-                      publish_record, slurm_step)
+from .members import next_attempt, open_member_log, publish_record, slurm_step, to_train
 from .mps_daemon import mps_dirs, private_daemon
 from .mps_pack import GpuSlots, run_in_one_step, share_gpus_here
 
 
-def run_pack(pack: str, k: int, members: list[str], results: str, data: str,
-             until_epoch: int, threads: int, budget_min: float, mem_per_cpu: int,
-             gpus: int, slots: int, record: Path, stage: str = "none",
-             fuse: str | None = None, per_gpu: int = 1, in_step: bool = False,
-             again: list[str] | None = None) -> int:
-    """Segment k of the pack's members. ``again`` is this command, to run inside the one
-    step of an MPS-shared pack (``per_gpu`` > 1), where ``in_step`` is set."""
-    if fuse:
-        return run_fused_pack(pack, k, members, results, data, until_epoch, threads,
-                              budget_min, mem_per_cpu, gpus, record, stage, fuse)
+def run_pack(order: PackOrder) -> int:
+    """Segment k of the pack's members, as its order says: fused, MPS-shared (in a Slurm
+    job, its one step runs the same order again, in_step), or a process each."""
+    if order.fuse:
+        return run_fused_pack(order)
     in_slurm = bool(os.environ.get("SLURM_JOB_ID"))
-    shared = None
-    if per_gpu > 1:
-        if in_slurm and not in_step:
-            return run_in_one_step(pack, k, members, threads, mem_per_cpu, per_gpu, again)
-        shared = share_gpus_here(pack, k, members, results, until_epoch, per_gpu, in_step)
+    slots = len(order.members) if in_slurm else max(1, order.slots // max(1, order.threads))
+    if order.per_gpu > 1:
+        if in_slurm and not order.in_step:
+            return run_in_one_step(order)
+        shared = share_gpus_here(order)
         if shared is None:
             return 2
-        slots = len(members) if in_step else max(1, slots // max(1, threads))
+        if order.in_step:
+            slots = len(order.members)
         with private_daemon(mps_dirs()) as env:
-            return train_members(pack, k, members, results, data, until_epoch, threads,
-                                 budget_min, mem_per_cpu, gpus, slots, record, stage,
-                                 steps=False, shared=shared, env=env)
-    slots = len(members) if in_slurm else max(1, slots // max(1, threads))
-    return train_members(pack, k, members, results, data, until_epoch, threads, budget_min,
-                         mem_per_cpu, gpus, slots, record, stage, steps=in_slurm)
+            return train_members(order, slots, steps=False, shared=shared, env=env)
+    return train_members(order, slots, steps=in_slurm)
 
 
-def train_members(pack: str, k: int, members: list[str], results: str, data: str,
-                  until_epoch: int, threads: int, budget_min: float, mem_per_cpu: int,
-                  gpus: int, slots: int, record: Path, stage: str, steps: bool,
-                  shared: GpuSlots | None = None, env: dict | None = None) -> int:
+def train_members(order: PackOrder, slots: int, steps: bool, shared: GpuSlots | None = None,
+                  env: dict | None = None) -> int:
     """Each member as its own process (a Slurm step of its own where ``steps``), ``slots``
     at once and, on GPUs ``shared`` through MPS, where ``shared`` has room."""
-    print(f"[pack {pack}] segment {k}: {len(members)} member(s), "
+    pack, k = order.pack, order.segment
+    print(f"[pack {pack}] segment {k}: {len(order.members)} member(s), "
           f"{'one Slurm step each' if steps else f'{slots} at a time'}", flush=True)
-    report, waiting, running = {}, list(members), {}
+    report, waiting = to_train(pack, k, order.members, order.results, order.until_epoch)
+    running = {}
     while waiting or running:
         while waiting and len(running) < slots and (shared is None or shared.free()):
             run = waiting.pop(0)
-            paths = RunPaths(results, run)
-            manifest = already_trained(paths, k, until_epoch)
-            if manifest is not None:
-                report[run] = {"trained": False, "exit": 0, "done": manifest["done"],
-                               "epoch": manifest["epoch"]}
-                print(f"[pack {pack}] {run}: segment {k} already published, not retrained",
-                      flush=True)
-                continue
+            paths = RunPaths(order.results, run)
             attempt = next_attempt(paths, k)
-            argv = member_argv(paths, k, data, until_epoch, threads, budget_min, attempt,
-                               mem_per_cpu * threads, stage)
+            argv = order.member(run, attempt).command()
             if steps:
-                argv = slurm_step(argv, run, threads, mem_per_cpu, gpus)
+                argv = slurm_step(argv, run, order.threads, order.mem_per_cpu, order.gpus)
             place, member_env, where = None, env, ""
             if shared:  # its GPU, as one of its sharers, and its own cores
                 place = shared.take()
                 member_env = {**env, GPU_INDEX_ENV: str(place[0])}
                 if "SLURM_CPUS_PER_TASK" in member_env:  # the step's: all members' cores
-                    member_env["SLURM_CPUS_PER_TASK"] = str(threads)
+                    member_env["SLURM_CPUS_PER_TASK"] = str(order.threads)
                 where = f", GPU {place[0]}, sharer {place[1]} of {shared.per_gpu}"
             attempt_log = Path(paths.attempt_log(k, attempt))
             with open_member_log(paths, k, attempt) as out:
@@ -107,7 +91,8 @@ def train_members(pack: str, k: int, members: list[str], results: str, data: str
                 shared.give(place[0])
             entry = {"trained": True, "exit": code, "attempt": attempt}
             if code == 0:
-                manifest = read_manifest(Path(RunPaths(results, run).segment(k)), verify=False)
+                manifest = read_manifest(Path(RunPaths(order.results, run).segment(k)),
+                                         verify=False)
                 entry.update(done=manifest["done"], epoch=manifest["epoch"])
                 print(f"[pack {pack}] {run}: finished, epoch {manifest['epoch']}"
                       f"{' (done)' if manifest['done'] else ' (to be continued)'}", flush=True)
@@ -118,4 +103,4 @@ def train_members(pack: str, k: int, members: list[str], results: str, data: str
             report[run] = entry
         if running:
             time.sleep(0.2)
-    return publish_record(pack, k, members, report, record)
+    return publish_record(pack, k, list(order.members), report, Path(order.record))
