@@ -3,9 +3,10 @@ profiles/slurm as a user types it, on the test cluster (tests/slurm/cluster.sh):
 partition (jobs routed by time limit and GPUs: cpubase_bycore_b1 3 h, cpubase_bycore_b3
 24 h, gpubase_bygpu_b1/b3), hidden urgent and multi, typed GPUs (n1 a100 and
 a100_3g.20gb, n2 h100), the user in def-cifar_cpu / def-cifar_gpu / root, a 1 GiB /project.
-Dry runs only: nothing is submitted."""
+Dry runs, and one real submission routed by the site."""
 
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -77,3 +78,26 @@ def test_a_1000_run_resnet18_sweep_is_refused_on_the_1_gib_project(tmp_path, on_
     assert rc != 0
     assert "storage: the plan needs ~" in text and "more than /project" in text
     assert "results: on a larger filesystem (/scratch" in text
+
+
+def test_a_24_hour_segment_really_runs_where_the_site_routes_it(tmp_path):
+    """Submitted for real, as a user types it (SLURM_ACCOUNT=def-cifar, no partition): the
+    site's submit plugin routes the 24 h job to cpubase_bycore_b3 and accounting records it
+    on def-cifar_cpu; the run trains to its end."""
+    from alliance import CPU_ACCOUNT
+    from conftest import summary_rows
+    from test_slurm import profile_args
+
+    over = tmp_path / "over.yaml"
+    over.write_text("resources: {runtime: 1440, cpus_per_task: 1, mem_mb: 1500}\n"
+                    "segments: {count: 1}\n")
+    local = ROOT / "tests" / "configs" / "local" / "config.yaml"
+    snakemake(tmp_path, *profile_args(tmp_path), configfile=[local, over],
+              env={"SLURM_ACCOUNT": "def-cifar"})
+    row = summary_rows(tmp_path)["cpu"]
+    assert row["status"] == "ok"
+    (job,) = row["slurm_job_ids"].split()
+    accounted = subprocess.run(["sacct", "-X", "-P", "-n", "-j", job, "-o",
+                                "Partition,Account,Timelimit,State"], capture_output=True,
+                               text=True, check=True).stdout.strip()
+    assert accounted == f"cpubase_bycore_b3|{CPU_ACCOUNT}|1-00:00:00|COMPLETED"
