@@ -270,11 +270,14 @@ def test_a_segment_reads_its_jobs_end_and_queue_wait_from_what_the_job_kept(tmp_
 
 
 def test_unknown_partition_is_one_clear_error(tmp_path):
+    """Refused by the plan, before sbatch would refuse it (invalid partition specified)."""
     out = slurm(tmp_path, "record_environment", config=["slurm={'partition': 'nosuchpart'}"],
                 check=False)
     assert out.returncode != 0
-    assert ("SLURM sbatch failed. The error message was 'sbatch: error: invalid partition "
-            "specified: nosuchpart\n" in out.stdout + out.stderr)
+    assert ("slurm.partition nosuchpart is not a partition of this cluster (cpubase_bycore_b1, "
+            "cpubase_bycore_b3, gpubase_bygpu_b1, gpubase_bygpu_b3): unset slurm.partition (and "
+            "$SLURM_PARTITION) so the site places each job, or name one of those"
+            in out.stdout + out.stderr), (out.stdout + out.stderr)[-3000:]
     assert not slurm_jobs(slurm_job_prefix(tmp_path))  # nothing was submitted
 
 
@@ -315,6 +318,10 @@ def test_a_segment_preempted_three_times_finishes_by_itself_within_two_retries(t
                     break
                 time.sleep(0.1)
             assert jobid and proc.poll() is None, f"segment {k} did not start"
+            while time.time() < deadline and any(  # the urgent job would preempt it too
+                    comment == "rule_record_environment" and state != "COMPLETED" for state,
+                    comment in slurm_jobs(slurm_job_prefix(tmp_path)).values()):
+                time.sleep(0.2)
             jobs.append(jobid)
             urgent.append(preempt(tmp_path, jobid))
             while job_state(jobid) not in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT") \

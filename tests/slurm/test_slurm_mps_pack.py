@@ -23,8 +23,8 @@ def test_a_shared_gpu_pack_is_one_step_holding_its_gpus_that_places_its_members(
                          sweep={"lr": [0.01, 0.02]}, pack={"runs_per_job": 2, "per_gpu": 2},
                          resources={"cpus_per_task": 1, "mem_mb": 1000, "runtime": 10})
     dry = slurm(tmp_path, "-n", configfile=[CONFIG, extra])
-    assert ("pack: 2 runs of gpu in 1 packs of up to 2, one job per pack and segment; 1 GPU "
-            "pack(s) share each GPU between 2 members through one private MPS daemon per node "
+    assert ("pack: 2 runs of gpu in 1 packs of up to 2, one job per pack and segment; each "
+            "pack job on one node (pack.nodes: 1); 1 GPU pack(s) share each GPU between 2 members through one private MPS daemon per node "
             "(a pack of 2 asks gres=gpu:1; one Slurm step holds the node's GPUs and starts the "
             "members)") in dry.stdout + dry.stderr
     out = slurm(tmp_path, "--keep-going", "--retries", "0", configfile=[CONFIG, extra],
