@@ -10,7 +10,7 @@ import dataclasses
 import shlex
 
 from ..engine.strategies import get_strategy
-from ..engine.strategies.base import gpu_request
+from ..engine.cuda import gpu_request
 from ..layout import RunPaths, pack_marker
 from ..orders import PackOrder
 from .chain import Chain

@@ -11,7 +11,7 @@ import sysconfig
 from pathlib import Path
 
 from ..config import data_identity
-from ..engine.strategies.base import gpu_request
+from ..engine.cuda import gpu_request
 from ..job.job_env import pip_index_args, prologue
 from .plan import PlanError
 from .optional_packages import not_installed
