@@ -37,23 +37,9 @@ def cmd_extract_data(a) -> None:
 
 
 def cmd_train(a) -> dict:
-    """A segment, its try recorded in the run's tries.jsonl (job/one_try.py): torch is
-    imported once the start is recorded, so a kill that comes early finds it."""
-    from .job.one_try import TryRefused, recorded_try, refused_exit
+    from .job.one_try import train_segment
 
-    order = SegmentOrder.from_args(a)
-    if not order.work:  # not a workflow's segment (no run folder): no tries to record
-        from .engine.segment import run_training
-
-        return run_training(order, START)
-    try:
-        with recorded_try(order.run_dir, order.out, order.attempt) as outcome:
-            from .engine.segment import run_training
-
-            outcome.result = run_training(order, START)
-    except TryRefused as exc:
-        refused_exit("train", exc)
-    return outcome.result
+    return train_segment(SegmentOrder.from_args(a), START)
 
 
 def cmd_train_pack(a) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from .files import file_digest
+from .synthetic import batch_dict, py2_pickle, synthesize_images
 
 CIFAR_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
 CIFAR_MD5 = "c58f30108f718f92721af3b95e74349a"
@@ -119,45 +120,7 @@ def load_split(batches_dir: Path, train: bool) -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
 
 
-# --- synthetic data in the real format -------------------------------------------------
-
-class _Py2Pickler(pickle._Pickler):
-    """Writes ``bytes`` and ``str`` as Python 2 ``str`` opcodes (BINSTRING), as the
-    genuine CIFAR files (cPickle, Python 2) do; loading them needs encoding="latin1"."""
-
-    dispatch = dict(pickle._Pickler.dispatch)
-
-    def save_py2_str(self, obj: bytes) -> None:
-        n = len(obj)
-        if n < 256:
-            self.write(pickle.SHORT_BINSTRING + bytes([n]) + obj)
-        else:
-            self.write(pickle.BINSTRING + n.to_bytes(4, "little") + obj)
-        self.memoize(obj)
-
-    def save_py2_ascii(self, obj: str) -> None:
-        self.save_py2_str(obj.encode("latin1"))
-
-    dispatch[bytes] = save_py2_str
-    dispatch[str] = save_py2_ascii
-
-
-def _py2_pickle(obj) -> bytes:
-    buf = io.BytesIO()
-    _Py2Pickler(buf, protocol=2).dump(obj)
-    return buf.getvalue()
-
-
-def synthesize_images(n: int, seed: int, noise: float) -> tuple[np.ndarray, np.ndarray]:
-    """Class-dependent images: a smooth per-class colour pattern plus pixel noise."""
-    rng = np.random.default_rng(seed)
-    proto_rng = np.random.default_rng(12345)  # same classes for every split and seed
-    coarse = proto_rng.uniform(0, 255, size=(10, 3, 4, 4))
-    prototypes = coarse.repeat(8, axis=2).repeat(8, axis=3)  # 10 x 3 x 32 x 32
-    labels = rng.integers(0, 10, size=n)
-    images = prototypes[labels] + rng.normal(0, noise * 255, size=(n, 3, 32, 32))
-    return np.clip(images, 0, 255).astype(np.uint8), labels.astype(np.int64)
-
+# --- synthetic data in the real format (synthetic.py: the images, the pickles) ---------
 
 def write_synthetic_archive(path: Path, train_size: int, test_size: int, seed: int,
                             noise: float = 0.35) -> str:
@@ -169,26 +132,20 @@ def write_synthetic_archive(path: Path, train_size: int, test_size: int, seed: i
     chunks = np.array_split(np.arange(train_size), len(TRAIN_FILES))
     members = {}
     for i, (name, idx) in enumerate(zip(TRAIN_FILES, chunks), start=1):
-        members[name] = _batch_dict(train_x[idx], train_y[idx], f"training batch {i} of 5")
-    members[TEST_FILE] = _batch_dict(test_x, test_y, "testing batch 1 of 1")
+        members[name] = batch_dict(train_x[idx], train_y[idx], f"training batch {i} of 5")
+    members[TEST_FILE] = batch_dict(test_x, test_y, "testing batch 1 of 1")
     members[META_FILE] = {b"label_names": [n.encode() for n in LABEL_NAMES],
                           b"num_cases_per_batch": int(len(chunks[0])), b"num_vis": IMAGE_BYTES}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     with tarfile.open(tmp, "w:gz") as tar:
         for name, obj in members.items():
-            blob = _py2_pickle(obj)
+            blob = py2_pickle(obj)
             info = tarfile.TarInfo(f"{BATCHES_DIR}/{name}")
             info.size, info.mtime, info.mode = len(blob), 0, 0o644
             tar.addfile(info, io.BytesIO(blob))
     tmp.replace(path)
     return file_digest(path, "md5")
-
-
-def _batch_dict(images: np.ndarray, labels: np.ndarray, label: str) -> dict:
-    return {b"batch_label": label.encode(), b"labels": [int(v) for v in labels],
-            b"data": np.ascontiguousarray(images.reshape(len(images), IMAGE_BYTES)),
-            b"filenames": [f"synthetic_{i:06d}.png".encode() for i in range(len(labels))]}
 
 
 def prepare_archive(source: str, dest_dir: Path, *, url: str = CIFAR_URL, md5: str = CIFAR_MD5,

@@ -31,7 +31,7 @@ def test_cuda_switches_and_the_device_come_from_the_config():
     """apply_cuda_switches sets TF32 and cuDNN's autotuner from train.*; the gpu strategy
     puts the process on the GPU CIFARFLOW_CUDA_DEVICE names."""
     from cifarflow.engine.strategies import get_strategy
-    from cifarflow.engine.strategies.base import GPU_INDEX_ENV, apply_cuda_switches
+    from cifarflow.engine.cuda import GPU_INDEX_ENV, apply_cuda_switches
 
     for deterministic, tf32 in ((True, False), (False, True)):
         cfg = plain_config(deterministic=deterministic, tf32_matmul=tf32, tf32_cudnn=tf32)

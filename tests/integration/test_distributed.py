@@ -11,7 +11,7 @@ from conftest import (ENV, PY, ROOT, assert_bit_identical, cli, metrics_of, same
 from cifarflow.engine import checkpoint as ckpt
 from cifarflow.job.launch import launch_argv, world_of
 from cifarflow.engine.strategies.base import StrategyError
-from cifarflow.engine.strategies.base import apply_cuda_switches
+from cifarflow.engine.cuda import apply_cuda_switches
 from cifarflow.engine.strategies.ddp import (dist_env, first_host, gpu_index, port_for_job,
                                      require_dist_env, shared_gpus)
 

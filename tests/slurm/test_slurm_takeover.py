@@ -130,7 +130,8 @@ def test_a_job_that_will_not_end_is_asked_about_a_handful_of_times_a_minute(tmp_
         t0 = time.monotonic()
         with pytest.raises(takeover.Superseded, match=f"Slurm job {live} did not end within 60 s"):
             takeover.take_over(tmp_path / "results/runs/cpu", "cpu", say=lambda line: None,
-                               stop=lambda entry: None, wait_s=60)
+                               reach=takeover.Reach(stop=lambda entry: None),
+                               patience=takeover.Patience(wait_s=60))
         assert time.monotonic() - t0 > 60
         looks = calls.read_text().splitlines()
         assert looks == [f"squeue --me -h -t PD -o {PENDING_FORMAT}"] + [f"squeue -h -j {live} -o %T"] * 7

@@ -49,7 +49,7 @@ def test_no_account_is_the_only_one_or_refused_among_several():
 
 
 def checked(plan, accounts=MINE):
-    plan.check_against_cluster(lambda results: ROOM, limits_of=lambda: LIMITS,
+    plan.checks.against_cluster(lambda results: ROOM, limits_of=lambda: LIMITS,
                                partitions_of=lambda: None, accounts_of=lambda user: accounts)
     return plan
 
@@ -58,14 +58,14 @@ def test_every_job_of_the_plan_gets_its_mapped_account(tmp_path, bin_dir):  # no
     env = {"SLURM_ACCOUNT": "def-cifar"}
     plan = checked(make_plan(tmp_path, bin_dir, environ=env, strategies=["cpu", "gpu"],
                              sweep={"lr": [0.1, 0.2]}, pack={"runs_per_job": 2}))
-    assert plan.pack_resources("cpu")["slurm_account"] == "def-cifar_cpu"
-    assert plan.pack_resources("gpu")["slurm_account"] == "def-cifar_gpu"
-    assert plan.placement(bool(plan.env_gpu))["slurm_account"] == "def-cifar_gpu"  # record job
+    assert plan.pack_rules.resources("cpu")["slurm_account"] == "def-cifar_cpu"
+    assert plan.pack_rules.resources("gpu")["slurm_account"] == "def-cifar_gpu"
+    assert plan.placement.for_job(bool(plan.software.env_gpu))["slurm_account"] == "def-cifar_gpu"  # record job
     runs = checked(make_plan(tmp_path, bin_dir, environ=env, strategies=["cpu", "gpu"]))
-    assert runs.run_resources("cpu")["slurm_account"] == "def-cifar_cpu"
-    assert runs.run_resources("gpu")["slurm_account"] == "def-cifar_gpu"
+    assert runs.run_rules.resources("cpu")["slurm_account"] == "def-cifar_cpu"
+    assert runs.run_rules.resources("gpu")["slurm_account"] == "def-cifar_gpu"
     cpu_only = checked(make_plan(tmp_path, bin_dir, environ=env))
-    assert cpu_only.placement(bool(cpu_only.env_gpu))["slurm_account"] == "def-cifar_cpu"
+    assert cpu_only.placement.for_job(bool(cpu_only.software.env_gpu))["slurm_account"] == "def-cifar_cpu"
     assert "CPU jobs on def-cifar_cpu" in cpu_only.log.infos[-1]
 
 
@@ -75,6 +75,6 @@ def test_an_unknown_account_stops_a_slurm_plan_and_warns_otherwise(tmp_path, bin
         checked(make_plan(tmp_path, bin_dir, jobs_at_once=4, environ=env))
     local = checked(make_plan(tmp_path, bin_dir, environ=env))
     assert "slurm.account def-nobody is not one of your" in local.log.warnings[0]
-    assert local.run_resources("cpu")["slurm_account"] == "def-nobody"  # left as given
+    assert local.run_rules.resources("cpu")["slurm_account"] == "def-nobody"  # left as given
     quiet = checked(make_plan(tmp_path, bin_dir, environ=env), accounts=None)
     assert quiet.log.infos[-1].startswith("slurm account: sacctmgr does not answer here")

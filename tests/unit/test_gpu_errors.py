@@ -31,19 +31,19 @@ def ddp_plan(tmp_path, bin_dir, **kw):
 
 def test_the_dry_run_of_a_local_run_says_it_when_nvidia_smi_counts_too_few(tmp_path, bin_dir):
     plan = ddp_plan(tmp_path, bin_dir)
-    plan.check_local_gpus(count_gpus=lambda: 1, environ={})
+    plan.checks.local_gpus(count_gpus=lambda: 1, environ={})
     assert plan.log.warnings == [
         f"WARNING: run ddp: {ONE_LINE} (nvidia-smi -L; a local run stops there, before NCCL "
         "starts; under profiles/slurm each rank gets a GPU of its own)"]  # not mps, not gpu
     sweep = ddp_plan(tmp_path, bin_dir, sweep={"lr": [0.1, 0.2, 0.3]})
-    sweep.check_local_gpus(count_gpus=lambda: 1, environ={})
+    sweep.checks.local_gpus(count_gpus=lambda: 1, environ={})
     (line,) = sweep.log.warnings
     assert line.startswith(f"WARNING: run ddp_lr0p1 (and 2 more alike): {ONE_LINE} (")
     for count, environ, jobs in ((4, {}, None), (None, {}, None),  # enough; no GPU tools
                                  (1, {"SLURM_JOB_ID": "7"}, None),  # srun binds GPUs
                                  (1, {}, 8)):  # --jobs: profiles/slurm submits
         quiet = ddp_plan(tmp_path, bin_dir, jobs_at_once=jobs)
-        quiet.check_local_gpus(count_gpus=lambda: count, environ=environ)
+        quiet.checks.local_gpus(count_gpus=lambda: count, environ=environ)
         assert quiet.log.warnings == [], (count, environ, jobs)
 
 
@@ -52,7 +52,7 @@ def test_no_gpu_count_is_asked_where_no_run_needs_several(tmp_path, bin_dir):
         raise AssertionError("nvidia-smi asked")
 
     plan = make_plan(tmp_path, bin_dir, strategies=["cpu", "gpu"])
-    plan.check_local_gpus(count_gpus=never, environ={})
+    plan.checks.local_gpus(count_gpus=never, environ={})
     assert plan.log.warnings == []
 
 

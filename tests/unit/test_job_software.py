@@ -31,8 +31,8 @@ def accept(requirements, index, checks):
 
 
 def pins(plan) -> set:
-    plan.prepare_job_venvs(check=accept)
-    return {line.split("==")[0] for line in plan.job_requirements.read_text().splitlines()
+    plan.software.prepare_job_venvs(check=accept)
+    return {line.split("==")[0] for line in plan.software.job_requirements.read_text().splitlines()
             if not line.startswith("#")}
 
 
@@ -57,34 +57,34 @@ def test_an_optional_package_missing_here_is_left_out_with_a_warning(tmp_path, b
     def without_tensorboard(names):
         return installed_closure([n for n in names if n != "tensorboard"])
 
-    plan.prepare_job_venvs(installed=without_tensorboard, check=accept)
+    plan.software.prepare_job_venvs(installed=without_tensorboard, check=accept)
     assert plan.log.warnings == ["WARNING: tensorboard is not installed here, so the job venvs "
                                  "go without it: no TensorBoard curves (cifarflow "
                                  "install-optional)"]
-    assert "\nnvidia-ml-py==" in plan.job_requirements.read_text()
+    assert "\nnvidia-ml-py==" in plan.software.job_requirements.read_text()
 
     def without_torch(names):
         return {name: dist for name, dist in installed_closure(names).items() if name != "torch"}
 
     with pytest.raises(PlanError, match="torch is not installed here: pip install -r "
                                         "requirements.txt"):
-        plan.prepare_job_venvs(installed=without_torch, check=accept)
+        plan.software.prepare_job_venvs(installed=without_torch, check=accept)
 
 
 def test_a_lightning_run_without_lightning_is_one_error_naming_the_package(tmp_path, bin_dir):
     plan = make_plan(tmp_path, bin_dir, strategies=["cpu", "lightning"])
-    plan.check_strategy_packages()  # installed here
+    plan.software.check_strategy_packages()  # installed here
     empty_venv = tmp_path / "bare"
     (empty_venv / "lib/python3.11/site-packages").mkdir(parents=True)
     lacking = not_installed("lightning", empty_venv)
     assert lacking.startswith("it needs lightning>=2.0,<3 (the lightning strategy")
     assert "cifarflow install-optional --no-index" in lacking
     with pytest.raises(PlanError) as refused:
-        plan.check_strategy_packages(lacking=lambda name, prefix: not_installed(name, empty_venv))
+        plan.software.check_strategy_packages(lacking=lambda name, prefix: not_installed(name, empty_venv))
     text = str(refused.value)
     assert text.startswith("strategy lightning (config strategies): it needs lightning>=2.0,<3")
     assert text.endswith("or take lightning out of strategies") and "\n" not in text
-    make_plan(tmp_path, bin_dir).check_strategy_packages(  # no lightning run: not asked
+    make_plan(tmp_path, bin_dir).software.check_strategy_packages(  # no lightning run: not asked
         lacking=lambda name, prefix: pytest.fail(f"asked about {name}"))
 
 
@@ -92,13 +92,13 @@ def test_pip_no_index_false_is_refused_under_the_slurm_profile(tmp_path, bin_dir
     env = {**SLURM_TMPDIR, "pip_no_index": False}
     slurm = make_plan(tmp_path, bin_dir, jobs_at_once=20, env=env)
     with pytest.raises(PlanError) as refused:
-        slurm.prepare_job_venvs(check=accept)
+        slurm.software.prepare_job_venvs(check=accept)
     text = str(refused.value)
     assert "compute nodes reach no package index" in text
     assert "env.pip_no_index" in text and "env.find_links" in text
-    make_plan(tmp_path, bin_dir, env=env).prepare_job_venvs(check=accept)  # local: may
+    make_plan(tmp_path, bin_dir, env=env).software.prepare_job_venvs(check=accept)  # local: may
     make_plan(tmp_path, bin_dir, jobs_at_once=20, env={"pip_no_index": False}) \
-        .prepare_job_venvs(check=accept)  # env.mode current: no pip in jobs
+        .software.prepare_job_venvs(check=accept)  # env.mode current: no pip in jobs
 
 
 def test_optional_packages_install_one_by_one_and_the_missing_are_named(tmp_path):

@@ -36,31 +36,31 @@ def test_gpu_packs_share_their_gpus_and_cpu_packs_stay_steps(tmp_path, bin_dir):
     kinds = {name: (p.kind, p.per_gpu, len(p.members)) for name, p in plan.packs.items()}
     assert kinds == {"cpu-pack001": ("steps", 1, 4), "cpu-pack002": ("steps", 1, 1),
                      "gpu-pack001": ("mps", 2, 4), "gpu-pack002": ("mps", 2, 1)}
-    res = plan.pack_resources("gpu")
+    res = plan.pack_rules.resources("gpu")
     w4, w1 = wildcards(pack="gpu-pack001", segment=1), wildcards(pack="gpu-pack002", segment=1)
     # G = ceil(members / M) GPUs; cores and memory of every member, as a steps pack asks
     assert (res["gres"](w4), res["gres"](w1)) == ("gpu:2", "gpu:1")
     assert (res["tasks"](w4), res["cpus_per_task"](w4), res["mem_mb_per_cpu"](w4, None, 1)) == \
         (4, 2, 1500)
     assert (res["nodes"], res["tasks_per_gpu"], res["mpi"](w4)) == (1, 0, "srun")
-    assert plan.pack_threads("gpu")(w4) == 8
-    assert "gres" not in plan.pack_resources("cpu")
+    assert plan.pack_rules.threads("gpu")(w4) == 8
+    assert "gres" not in plan.pack_rules.resources("cpu")
     model = shared_plan(tmp_path, bin_dir, resources={"gpu_model": "h100", "cpus_per_task": 2,
                                                       "mem_mb": 3000})
-    assert model.pack_resources("gpu")["gres"](w4) == "gpu:h100:2"
+    assert model.pack_rules.resources("gpu")["gres"](w4) == "gpu:h100:2"
 
 
 def test_the_pack_job_command_carries_per_gpu_to_train_pack(tmp_path, bin_dir):
     plan = shared_plan(tmp_path, bin_dir)
     w = wildcards(pack="gpu-pack001", segment=1)
-    params = SimpleNamespace(prologue="", cifarflow="cifarflow", args=plan.pack_args("gpu")(w))
-    command = plan.pack_command("gpu").format(
+    params = SimpleNamespace(prologue="", cifarflow="cifarflow", args=plan.pack_rules.args("gpu")(w))
+    command = plan.pack_rules.command("gpu").format(
         params=params, resources=resources(cpus_per_task=2, runtime=30, mem_mb_per_cpu=1500),
         threads=8, output=SimpleNamespace(record="rec.json"))
     parsed = parser().parse_args(command.split()[1:])
     assert (parsed.per_gpu, parsed.threads, parsed.gpus, parsed.in_step) == (2, 2, 1, False)
     assert parsed.members == ["gpu_lr0p01", "gpu_lr0p02", "gpu_lr0p03", "gpu_lr0p04"]
-    cpu = parser().parse_args(["train-pack", *plan.pack_args("cpu")(
+    cpu = parser().parse_args(["train-pack", *plan.pack_rules.args("cpu")(
         wildcards(pack="cpu-pack001", segment=1)).split(), "--threads", "2", "--budget-min",
         "1", "--mem-per-cpu", "1", "--record", "r"])
     assert cpu.per_gpu == 1
@@ -188,9 +188,9 @@ def test_the_driver_without_a_gpu_says_so(tmp_path, monkeypatch, capfd):
                                   {"runs_per_job": 4, "fuse": True}])  # one task, one GPU
 def test_the_fit_check_sees_what_the_pack_job_asks(tmp_path, bin_dir, pack):
     """The fit check's shape of a pack and the rule's resources come from the same counts
-    of its pack kind (workflow.PACK_KINDS): tasks, memory per core and GPUs agree."""
+    of its pack kind (packs.PACK_KINDS): tasks, memory per core and GPUs agree."""
     plan = shared_plan(tmp_path, bin_dir, strategies=["gpu"], pack=pack)
-    res = plan.pack_resources("gpu")
+    res = plan.pack_rules.resources("gpu")
     for name, p in plan.packs.items():
         w = wildcards(pack=name, segment=1)
         (shape,) = [s for label, s in job_shapes(plan.runs, {name: p}).items()

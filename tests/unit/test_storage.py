@@ -127,10 +127,10 @@ def test_the_plan_refuses_a_1000_run_resnet18_sweep_on_a_small_filesystem(tmp_pa
     over = dict(train={"model": "resnet18"}, sweep={"lr": [0.001 * i for i in range(1, 1001)]},
                 pack={"runs_per_job": 10})
     plan = make_plan(tmp_path, bin_dir, jobs_at_once=100, **over)
-    assert plan.keep_weights == "last"  # auto, for a sweep
+    assert plan.config["segments"]["keep_weights"] == "last"  # auto, for a sweep
     with pytest.raises(PlanError, match=r"storage: the plan needs ~.* GB under results:, more "
                                         r"than /project \(statvfs: 1.1 GB"):
-        plan.check_against_cluster(lambda results: PROJECT, limits_of=lambda: None)
+        plan.checks.against_cluster(lambda results: PROJECT, limits_of=lambda: None)
     local = make_plan(tmp_path, bin_dir, **over)
-    local.check_against_cluster(lambda results: PROJECT, limits_of=lambda: None)
+    local.checks.against_cluster(lambda results: PROJECT, limits_of=lambda: None)
     assert local.log.warnings[0].startswith("WARNING: storage: the plan needs")

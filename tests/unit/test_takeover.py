@@ -12,8 +12,8 @@ from cifarflow.job import takeover
 
 from cifarflow.job import tries
 from cifarflow.slurm import PENDING_FORMAT, earlier_jobs
-from cifarflow.job.takeover import (Superseded, backoff, cancel_earlier_pending, open_tries,
-                                take_over)
+from cifarflow.job.takeover import (Patience, Reach, Superseded, backoff, cancel_earlier_pending,
+                                open_tries, take_over)
 
 
 def start(run_dir, monkeypatch, invocation, job, segment=1, attempt=1, end=None):
@@ -42,9 +42,11 @@ def test_a_live_try_of_an_earlier_run_is_cancelled_and_waited_for(tmp_path, monk
     monkeypatch.setenv(tries.INVOCATION, "2000.7")                     # the rerun, in job 20
     monkeypatch.setenv("SLURM_JOB_ID", "20")
     polls, cancelled, said = iter([True, True, True, False]), [], []
-    take_over(tmp_path, "cpu", say=said.append, is_alive=lambda e: next(polls),
-              stop=lambda e: cancelled.append(e["job_id"]), poll_s=0,
-              cancel_pending=lambda mine, say: cancelled.append(f"pending of {mine}"))
+    take_over(tmp_path, "cpu", say=said.append,
+              reach=Reach(is_alive=lambda e: next(polls),
+                          stop=lambda e: cancelled.append(e["job_id"]),
+                          cancel_pending=lambda mine, say: cancelled.append(f"pending of {mine}")),
+              patience=Patience(poll_s=0))
     assert cancelled == ["pending of 2000.7", "12"]
     assert said[0] == ("[takeover] cpu: Slurm job 12 (segment 2, attempt 1, of an earlier run "
                        "of the workflow) still trains it: cancelling it, then resuming from "
@@ -56,8 +58,9 @@ def test_dead_tries_and_the_runs_own_are_left_alone(tmp_path, monkeypatch):
     start(tmp_path, monkeypatch, "1000.1", "12")                       # died with its controller
     start(tmp_path, monkeypatch, "2000.7", "20")                       # this run, requeued
     asked = []
-    take_over(tmp_path, "cpu", is_alive=lambda e: asked.append(e["job_id"]) or False,
-              stop=lambda e: pytest.fail("nothing to cancel"), cancel_pending=no_pending)
+    take_over(tmp_path, "cpu", reach=Reach(is_alive=lambda e: asked.append(e["job_id"]) or False,
+                                           stop=lambda e: pytest.fail("nothing to cancel"),
+                                           cancel_pending=no_pending))
     assert asked == ["12"]
 
 
@@ -67,8 +70,9 @@ def test_a_try_of_an_earlier_run_never_trains_after_a_newer_one_started(tmp_path
     monkeypatch.setenv("SLURM_JOB_ID", "21")
     with pytest.raises(Superseded, match="cpu is trained by a newer run of the workflow "
                                          r"\(Slurm job 30, segment 1\)"):
-        take_over(tmp_path, "cpu", is_alive=lambda e: False, stop=lambda e: None,
-                  cancel_pending=lambda mine, say: pytest.fail("a stale try cancels nothing"))
+        take_over(tmp_path, "cpu", reach=Reach(
+            is_alive=lambda e: False, stop=lambda e: None,
+            cancel_pending=lambda mine, say: pytest.fail("a stale try cancels nothing")))
 
 
 def test_a_try_that_will_not_end_is_not_trained_beside(tmp_path, monkeypatch):
@@ -76,8 +80,10 @@ def test_a_try_that_will_not_end_is_not_trained_beside(tmp_path, monkeypatch):
     monkeypatch.setenv(tries.INVOCATION, "2000.7")
     monkeypatch.setenv("SLURM_JOB_ID", "20")
     with pytest.raises(Superseded, match="did not end within 0 s of its cancel"):
-        take_over(tmp_path, "cpu", say=lambda m: None, is_alive=lambda e: True,
-                  stop=lambda e: None, wait_s=0, poll_s=0, cancel_pending=no_pending)
+        take_over(tmp_path, "cpu", say=lambda m: None,
+                  reach=Reach(is_alive=lambda e: True, stop=lambda e: None,
+                              cancel_pending=no_pending),
+                  patience=Patience(wait_s=0, poll_s=0))
 
 
 def test_a_cancelled_job_is_looked_at_less_and_less_often(tmp_path, monkeypatch):
@@ -90,9 +96,10 @@ def test_a_cancelled_job_is_looked_at_less_and_less_often(tmp_path, monkeypatch)
     now, looks = [0.0], []
     with pytest.raises(Superseded, match="did not end within 600 s"):
         take_over(tmp_path, "cpu", say=lambda m: None,
-                  is_alive=lambda e: looks.append(now[0]) or True, stop=lambda e: None,
-                  cancel_pending=no_pending, clock=lambda: now[0],
-                  sleep=lambda s: now.__setitem__(0, now[0] + s))
+                  reach=Reach(is_alive=lambda e: looks.append(now[0]) or True,
+                              stop=lambda e: None, cancel_pending=no_pending),
+                  patience=Patience(clock=lambda: now[0],
+                                    sleep=lambda s: now.__setitem__(0, now[0] + s)))
     assert looks[:7] == [0, 0, 2, 6, 14, 30, 60] and looks[-1] == 630
     assert len(looks) == 26  # one before the cancel, 25 after (603 with a look a second)
 
@@ -127,14 +134,16 @@ def test_pending_jobs_are_looked_for_once_a_process_and_only_after_a_restart(tmp
                                                                             monkeypatch):
     asked = []
     start(tmp_path, monkeypatch, "2000.7", "20")                       # only this run's tries
-    take_over(tmp_path, "cpu", cancel_pending=lambda mine, say: asked.append(mine))
+    take_over(tmp_path, "cpu", reach=Reach(cancel_pending=lambda mine, say: asked.append(mine)))
     assert asked == []
     start(tmp_path / "other", monkeypatch, "1000.1", "12", end="completed")
     monkeypatch.setenv(tries.INVOCATION, "2000.7")
     for _ in range(2):  # a fused pack: each member takes over, one look for the job
-        take_over(tmp_path / "other", "cpu", cancel_pending=lambda mine, say: asked.append(mine))
+        take_over(tmp_path / "other", "cpu",
+                  reach=Reach(cancel_pending=lambda mine, say: asked.append(mine)))
     assert asked == ["2000.7"]
     monkeypatch.setattr(takeover, "PENDING_ASKED", set())
     monkeypatch.delenv("SLURM_JOB_ID")                                  # not under Slurm
-    take_over(tmp_path / "other", "cpu", cancel_pending=lambda mine, say: asked.append(mine))
+    take_over(tmp_path / "other", "cpu",
+                  reach=Reach(cancel_pending=lambda mine, say: asked.append(mine)))
     assert asked == ["2000.7"]

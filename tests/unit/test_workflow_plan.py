@@ -28,7 +28,9 @@ from cifarflow.controller.packs import mem_per_cpu
 from cifarflow.controller.plan import PlanError
 from cifarflow.controller.software import fetch_args, installed_command
 from cifarflow.controller.partitions import read_partitions
-from cifarflow.controller.workflow import WorkflowPlan, slurm_placement
+from cifarflow.controller.placement import slurm_placement
+from cifarflow.controller.specs import write_specs
+from cifarflow.controller.workflow import WorkflowPlan
 from cifarflow.slurm import fields
 
 BASE = with_defaults(yaml.safe_load((ROOT / "config" / "config.yaml").read_text()))
@@ -91,6 +93,12 @@ def make_plan(tmp_path, bin_dir, jobs_at_once=None, environ=NO_SLURM_ENV, **over
                                     environ=environ, scripts_dir=str(bin_dir))
 
 
+def specs_written(plan):
+    """The main process writes the plan's run specs (specs.py)."""
+    write_specs(plan.runs.values(), plan.results, plan.log)
+    return plan
+
+
 def wildcards(**kw):
     return SimpleNamespace(**{k: str(v) for k, v in kw.items()})
 
@@ -105,8 +113,8 @@ def test_a_segment_job_and_a_pack_member_run_the_same_command(tmp_path, bin_dir,
                      segments={"count": 2}, train={"epochs": 4})
     run = plan.runs["cpu_lr0p2"]
     params = SimpleNamespace(prologue="", launch="", cifarflow="cifarflow",
-                             args=plan.segment_args(wildcards(run=run.name, segment=k)))
-    command = plan.segment_command.format(  # as Snakemake fills the rule's shell in
+                             args=plan.run_rules.args(wildcards(run=run.name, segment=k)))
+    command = plan.run_rules.command.format(  # as Snakemake fills the rule's shell in
         params=params, resources=resources(cpus_per_task=2, runtime=30, mem_mb=4000, attempt=3))
     assert command.split()[:2] == ["cifarflow", "train"]
     order = SegmentOrder.from_args(parser().parse_args(command.split()[1:]))
@@ -127,9 +135,9 @@ def test_a_pack_job_command_is_what_train_pack_reads(tmp_path, bin_dir):
     assert sorted(plan.packs) == ["cpu-pack001", "cpu-pack002"] and plan.packed == ["cpu"]
     assert plan.unpacked == []
     w = wildcards(pack="cpu-pack001", segment=1)
-    res = plan.pack_resources("cpu")
-    params = SimpleNamespace(prologue="", cifarflow="cifarflow", args=plan.pack_args("cpu")(w))
-    command = plan.pack_command("cpu").format(
+    res = plan.pack_rules.resources("cpu")
+    params = SimpleNamespace(prologue="", cifarflow="cifarflow", args=plan.pack_rules.args("cpu")(w))
+    command = plan.pack_rules.command("cpu").format(
         params=params, resources=resources(cpus_per_task=2, runtime=30, mem_mb_per_cpu=2000),
         threads=4, output=SimpleNamespace(record="rec.json"))
     assert command.split()[0] == "cifarflow"
@@ -140,7 +148,7 @@ def test_a_pack_job_command_is_what_train_pack_reads(tmp_path, bin_dir):
         ("cpu-pack001", 1, plan.results, plan.batches)
     assert (parsed.threads, parsed.budget_min, parsed.mem_per_cpu, parsed.slots, parsed.gpus,
             parsed.record) == (2, 30.0, 2000, 4, 0, "rec.json")
-    assert res["tasks"](w) == 2 and res["mpi"](w) == "srun" and plan.pack_threads("cpu")(w) == 4
+    assert res["tasks"](w) == 2 and res["mpi"](w) == "srun" and plan.pack_rules.threads("cpu")(w) == 4
     assert res["tasks"](wildcards(pack="cpu-pack002", segment=1)) == 1
     assert res["mpi"](wildcards(pack="cpu-pack002", segment=1)) == ""
 
@@ -149,7 +157,7 @@ def test_a_pack_asks_memory_per_core_rounded_up(tmp_path, bin_dir):
     assert mem_per_cpu(4000, 3) == 1334 and mem_per_cpu(4000, 2) == 2000
     plan = make_plan(tmp_path, bin_dir, sweep={"lr": [0.1, 0.2]}, pack={"runs_per_job": 2},
                      resources={"mem_mb": 1000, "cpus_per_task": 3})
-    res = plan.pack_resources("cpu")
+    res = plan.pack_rules.resources("cpu")
     w = wildcards(pack="cpu-pack001", segment=1)
     assert res["cpus_per_task"](w) == 3
     assert res["mem_mb_per_cpu"](w, None, 1) == 334
@@ -170,7 +178,7 @@ def test_autosize_sizes_segment_2_from_segment_1_and_says_so_once(tmp_path, bin_
                      resources={"autosize": True, "mem_mb": 4000, "runtime": 60,
                                 "autosize_margin": 1.5})
     previous = write_segment(RunPaths(plan.results, "cpu"), 1, 2, peak_mb=1000, wall_s=120)
-    res = plan.run_resources("cpu")
+    res = plan.run_rules.resources("cpu")
     w = wildcards(run="cpu", segment=2)
     given = SimpleNamespace(previous=previous)
     assert res["mem_mb"](w, given, 1) == 1500  # 1000 MB x 1.5
@@ -191,11 +199,11 @@ def test_a_retry_after_out_of_memory_asks_more(tmp_path, bin_dir, monkeypatch):
     tries.record(root, 1, 1, "end", ended=tries.OUT_OF_MEMORY)
     unpacked = make_plan(tmp_path, bin_dir, sweep={"lr": [0.1, 0.2]},
                          resources={"mem_mb": 1000, "cpus_per_task": 2, "oom_factor": 2})
-    mem = unpacked.run_resources("cpu")["mem_mb"]
+    mem = unpacked.run_rules.resources("cpu")["mem_mb"]
     assert mem(wildcards(run="cpu_lr0p2", segment=1), SimpleNamespace(), 1) == 1000  # a first try
     assert mem(wildcards(run="cpu_lr0p2", segment=1), SimpleNamespace(), 2) == 2000
     assert mem(wildcards(run="cpu_lr0p1", segment=1), SimpleNamespace(), 2) == 1000
-    per_cpu = plan.pack_resources("cpu")["mem_mb_per_cpu"]  # a pack: its hungriest member
+    per_cpu = plan.pack_rules.resources("cpu")["mem_mb_per_cpu"]  # a pack: its hungriest member
     assert per_cpu(wildcards(pack="cpu-pack001", segment=1), None, 2) == 1000
 
 
@@ -209,8 +217,8 @@ def test_slurm_placement_from_the_config_else_the_environment(tmp_path, bin_dir)
                                           "slurm_extra": "--qos=high"}
     plan = make_plan(tmp_path, bin_dir, environ=env, sweep={"lr": [0.1, 0.2]},
                      pack={"runs_per_job": 2})
-    assert plan.run_resources("cpu")["slurm_account"] == "def-pi"
-    assert plan.pack_resources("cpu")["slurm_partition"] == "short"
+    assert plan.run_rules.resources("cpu")["slurm_account"] == "def-pi"
+    assert plan.pack_rules.resources("cpu")["slurm_partition"] == "short"
 
 
 def test_a_cpu_pack_asks_one_node_unless_it_may_spread_and_a_whole_node_alone(tmp_path, bin_dir):
@@ -218,17 +226,17 @@ def test_a_cpu_pack_asks_one_node_unless_it_may_spread_and_a_whole_node_alone(tm
     adds --exclusive to slurm.extra's options; whole_node with nodes any is refused."""
     pack = {"runs_per_job": 2}
     one = make_plan(tmp_path, bin_dir, sweep={"lr": [0.1, 0.2]}, pack=pack)
-    res = one.pack_resources("cpu")
+    res = one.pack_rules.resources("cpu")
     assert res["nodes"] == 1 and "slurm_extra" not in res
     spread = make_plan(tmp_path, bin_dir, sweep={"lr": [0.1, 0.2]}, pack={**pack, "nodes": "any"})
-    assert "nodes" not in spread.pack_resources("cpu")
-    assert "nodes" not in spread.run_resources("cpu")  # runs alone: as before
+    assert "nodes" not in spread.pack_rules.resources("cpu")
+    assert "nodes" not in spread.run_rules.resources("cpu")  # runs alone: as before
     whole = make_plan(tmp_path, bin_dir, sweep={"lr": [0.1, 0.2]},
                       pack={**pack, "whole_node": True},
                       slurm={"account": "", "partition": "", "extra": "--qos=high"})
-    res = whole.pack_resources("cpu")
+    res = whole.pack_rules.resources("cpu")
     assert (res["nodes"], res["slurm_extra"]) == (1, "--exclusive --qos=high")
-    assert whole.run_resources("cpu")["slurm_extra"] == "--qos=high"
+    assert whole.run_rules.resources("cpu")["slurm_extra"] == "--qos=high"
     with pytest.raises(PlanError, match="pack.whole_node: true holds one whole node per pack "
                                         "job: set pack.nodes: 1"):
         make_plan(tmp_path, bin_dir, sweep={"lr": [0.1, 0.2]},
@@ -237,10 +245,10 @@ def test_a_cpu_pack_asks_one_node_unless_it_may_spread_and_a_whole_node_alone(tm
 
 def test_a_rule_attribute_is_one_value_where_the_runs_share_it(tmp_path, bin_dir):
     plan = make_plan(tmp_path, bin_dir, sweep={"cpus_per_task": [1, 4], "lr": [0.1]})
-    threads = plan.threads("cpu")
+    threads = plan.run_rules.threads("cpu")
     assert threads(wildcards(run="cpu_cpus4_lr0p1")) == 4
     assert threads(wildcards(run="cpu_cpus1_lr0p1")) == 1
-    assert make_plan(tmp_path, bin_dir, sweep={"lr": [0.1, 0.2]}).threads("cpu") == 2
+    assert make_plan(tmp_path, bin_dir, sweep={"lr": [0.1, 0.2]}).run_rules.threads("cpu") == 2
 
 
 def test_the_runs_file_says_what_aggregation_needs(tmp_path, bin_dir):
@@ -250,10 +258,10 @@ def test_the_runs_file_says_what_aggregation_needs(tmp_path, bin_dir):
         d = Path(RunPaths(plan.results, "cpu_lr0p1").segment(k))
         d.mkdir(parents=True)
         (d / "metrics.jsonl").write_text("{}\n")
-    found = plan.existing_metrics()
+    found = plan.outputs.existing_metrics()
     assert found == {"cpu_lr0p1": f"{plan.results}/runs/cpu_lr0p1/segment-10/metrics.jsonl"}
     out = tmp_path / "out" / "runs.json"
-    plan.write_runs_file(found, out)
+    plan.outputs.write_runs_file(found, out)
     runs = json.loads(out.read_text())
     assert sorted(runs) == ["cpu_lr0p1", "cpu_lr0p2"]
     first = runs["cpu_lr0p1"]
@@ -269,13 +277,13 @@ def test_segment_output_waits_for_the_run_s_own_job_or_its_pack_s(tmp_path, bin_
     plan = make_plan(tmp_path, bin_dir, sweep={"lr": [0.1, 0.2, 0.3]}, pack={"runs_per_job": 2},
                      strategies=["cpu", "ddp"])
     with pytest.raises(Pending):
-        plan.segment_output("cpu_lr0p1", 1)
+        plan.outputs.segment_output("cpu_lr0p1", 1)
     marker = Path(plan.results, "packs", "cpu-pack001", "segment-1.json")
     marker.parent.mkdir(parents=True)
     marker.write_text("{}")
-    assert plan.segment_output("cpu_lr0p2", 1) == RunPaths(plan.results, "cpu_lr0p2").segment(1)
+    assert plan.outputs.segment_output("cpu_lr0p2", 1) == RunPaths(plan.results, "cpu_lr0p2").segment(1)
     with pytest.raises(Pending):
-        plan.segment_output("ddp_lr0p1", 1)
+        plan.outputs.segment_output("ddp_lr0p1", 1)
 
 
 LIMITS = {"max_job_count": "10000", "max_array_size": "1001", "accounting": True,
@@ -295,7 +303,7 @@ def test_the_cluster_check_refuses_a_runtime_above_maxtime_under_jobs(tmp_path, 
                      pack={"runs_per_job": 2}, strategies=["cpu", "ddp"],
                      segments={"count": 2}, train={"epochs": 4}, slurm={"partition": "short"})
     with pytest.raises(PlanError) as refused:
-        plan.check_against_cluster(lambda results: ROOM, limits_of=lambda: LIMITS,
+        plan.checks.against_cluster(lambda results: ROOM, limits_of=lambda: LIMITS,
                                    partitions_of=lambda: read_partitions(short_cluster),
                                    accounts_of=lambda user: None)
     assert "resources.runtime 30 min of pack cpu-pack001 (2 runs) (and 1 more alike)" \
@@ -312,14 +320,14 @@ def test_the_cluster_check_refuses_a_runtime_above_maxtime_under_jobs(tmp_path, 
 def test_the_cluster_check_only_warns_without_jobs_and_says_when_there_is_no_slurm(
         tmp_path, bin_dir):
     plan = make_plan(tmp_path, bin_dir, slurm={"partition": "short"})
-    plan.check_against_cluster(lambda results: ROOM, limits_of=lambda: LIMITS,
+    plan.checks.against_cluster(lambda results: ROOM, limits_of=lambda: LIMITS,
                                partitions_of=lambda: read_partitions(short_cluster),
                                accounts_of=lambda user: None)
     assert len(plan.log.warnings) == 1
     assert plan.log.warnings[0].endswith("(a run through profiles/slurm stops here)")
     assert plan.log.infos[-1].startswith("slurm account: sacctmgr does not answer here")
     quiet = make_plan(tmp_path, bin_dir, jobs_at_once=4)
-    quiet.check_against_cluster(lambda results: ROOM, limits_of=lambda: None,
+    quiet.checks.against_cluster(lambda results: ROOM, limits_of=lambda: None,
                                 partitions_of=lambda: pytest.fail(
                                     "asked for the partitions after Slurm did not answer"))
     assert quiet.log.infos == [
@@ -343,11 +351,11 @@ def test_the_plan_says_how_it_packs_and_prunes(tmp_path, bin_dir):
 
 def test_specs_are_written_only_when_they_change(tmp_path, bin_dir):
     plan = make_plan(tmp_path, bin_dir, sweep={"lr": [0.1, 0.2]})
-    plan.write_specs()
+    specs_written(plan)
     spec = Path(RunPaths(plan.results, "cpu_lr0p1").spec)
     assert json.loads(spec.read_text())["lr"] == 0.1
     before = spec.stat().st_mtime_ns
-    plan.write_specs()
+    specs_written(plan)
     assert spec.stat().st_mtime_ns == before
 
 
@@ -362,17 +370,17 @@ def test_a_config_error_and_a_missing_command_are_one_error(tmp_path, bin_dir):
 
 def test_the_job_command_follows_env_mode(tmp_path, bin_dir):
     plan = make_plan(tmp_path, bin_dir)
-    assert plan.cifarflow == plan.job_cifarflow == str(bin_dir / "cifarflow")
-    assert make_plan(tmp_path, bin_dir, env={"mode": "slurm_tmpdir"}).job_cifarflow == \
+    assert plan.software.cifarflow == plan.software.job_cifarflow == str(bin_dir / "cifarflow")
+    assert make_plan(tmp_path, bin_dir, env={"mode": "slurm_tmpdir"}).software.job_cifarflow == \
         "python -m cifarflow"
     venv = make_plan(tmp_path, bin_dir, env={"mode": "venv", "venv": str(tmp_path)})
-    assert venv.job_cifarflow == "cifarflow" and venv.python == "python"
+    assert venv.software.job_cifarflow == "cifarflow" and venv.software.python == "python"
 
 
 def test_only_gpu_runs_ask_the_environment_check_for_a_gpu(tmp_path, bin_dir):
-    assert make_plan(tmp_path, bin_dir).env_gpu == {}
+    assert make_plan(tmp_path, bin_dir).software.env_gpu == {}
     gpu = make_plan(tmp_path, bin_dir, strategies=["gpu"], resources={"gpu_model": "h100"})
-    assert gpu.env_gpu == {"gres": "gpu:h100:1", "tasks_per_gpu": 0}
+    assert gpu.software.env_gpu == {"gres": "gpu:h100:1", "tasks_per_gpu": 0}
 
 
 def test_fetch_args_carry_the_synthetic_generator(tmp_path):
@@ -421,11 +429,11 @@ def test_a_fused_pack_is_one_task_with_the_members_memory_and_one_gpu(tmp_path, 
     assert [(p.members, p.fuse) for p in plan.packs.values()] == [
         (["gpu_lr0p1", "gpu_lr0p2", "gpu_lr0p3"], "auto")]
     w = wildcards(pack="gpu-pack001", segment=1)
-    res = plan.pack_resources("gpu")
+    res = plan.pack_rules.resources("gpu")
     assert (res["tasks"](w), res["cpus_per_task"](w), res["mem_mb_per_cpu"](w, None, 1),
             res["gres"](w), res["mpi"](w)) == (1, 2, 750, "gpu:1", "")
-    assert plan.pack_threads("gpu")(w) == 2
-    parsed = parser().parse_args(["train-pack", *plan.pack_args("gpu")(w).split(), "--threads",
+    assert plan.pack_rules.threads("gpu")(w) == 2
+    parsed = parser().parse_args(["train-pack", *plan.pack_rules.args("gpu")(w).split(), "--threads",
                                   "2", "--budget-min", "30", "--mem-per-cpu", "1500",
                                   "--record", "r.json"])
     assert parsed.fuse == "auto" and parsed.members == ["gpu_lr0p1", "gpu_lr0p2", "gpu_lr0p3"]
@@ -446,10 +454,10 @@ def test_a_fused_pack_asks_what_its_one_process_needs_then_what_it_measured(tmp_
                      pack={"runs_per_job": 32, "fuse": True},
                      resources={"mem_mb": 4000, "cpus_per_task": 1, "autosize": True})
     (pack,) = plan.packs.values()
-    res = plan.pack_resources("gpu")
+    res = plan.pack_rules.resources("gpu")
     first = wildcards(pack=pack.name, segment=1)
     assert res["mem_mb_per_cpu"](first, None, 1) == 4000 + 31 * 250
-    assert plan.pack_request(first, 1).mem_mb == 11750
+    assert plan.pack_rules.request(first, 1).mem_mb == 11750
     for run in pack.members:  # segment 1 as the fused process recorded it: 3,000 MB each
         seg = Path(RunPaths(str(tmp_path / "results"), run).segment(1))
         seg.mkdir(parents=True)
@@ -458,7 +466,7 @@ def test_a_fused_pack_asks_what_its_one_process_needs_then_what_it_measured(tmp_
              "peak_rss_mb_per_node": {"n1": 3000}}]}))
         (seg / "metrics.jsonl").write_text(json.dumps({"epoch": 1, "wall_s": 60}) + "\n")
     second = wildcards(pack=pack.name, segment=2)
-    assert plan.pack_request(second, 1).mem_mb == 3900  # 3,000 x 1.3, the whole process
+    assert plan.pack_rules.request(second, 1).mem_mb == 3900  # 3,000 x 1.3, the whole process
     assert res["mem_mb_per_cpu"](second, None, 1) == 3900
 
 
@@ -470,12 +478,12 @@ def test_a_new_world_size_keeps_the_finished_segments_only_when_elastic(tmp_path
     the finished ones), and without the flag the plan says the run starts over."""
     over = dict(strategies=["ddp"], distributed={"world_size": 1},
                 segments={"count": 2, "elastic": elastic})
-    make_plan(tmp_path, bin_dir, **over).write_specs()
+    specs_written(make_plan(tmp_path, bin_dir, **over))
     spec = Path(RunPaths(str(tmp_path / "results"), "ddp").spec)
     old = spec.stat().st_mtime_ns - 10**9  # as if written a second ago
     os.utime(spec, ns=(old, old))
     plan = make_plan(tmp_path, bin_dir, **{**over, "distributed": {"world_size": 2}})
-    plan.write_specs()
+    specs_written(plan)
     assert json.loads(spec.read_text())["world_size"] == 2  # the next segment's world
     said = [line for line in plan.log.infos if line.startswith("run ddp: world size 1 -> 2")]
     if elastic:
@@ -493,20 +501,20 @@ def test_a_spec_that_gains_or_changes_only_what_a_run_reports_keeps_its_time_sta
     """An upgrade that adds a reporting key (train.tensorboard) to every spec.json, or a
     user turning the curves off, retrains nothing; a shaping change still does."""
     plan = make_plan(tmp_path, bin_dir)
-    plan.write_specs()
+    specs_written(plan)
     spec = Path(RunPaths(str(tmp_path / "results"), "cpu").spec)
     written = json.loads(spec.read_text())
     del written["tensorboard"]  # a spec written before train.tensorboard existed
     spec.write_text(json.dumps(written))
     old = spec.stat().st_mtime_ns - 10**9
     os.utime(spec, ns=(old, old))
-    make_plan(tmp_path, bin_dir).write_specs()
+    specs_written(make_plan(tmp_path, bin_dir))
     assert json.loads(spec.read_text())["tensorboard"] is True
     assert spec.stat().st_mtime_ns == old
-    make_plan(tmp_path, bin_dir, train={"tensorboard": False}).write_specs()
+    specs_written(make_plan(tmp_path, bin_dir, train={"tensorboard": False}))
     assert json.loads(spec.read_text())["tensorboard"] is False
     assert spec.stat().st_mtime_ns == old
-    make_plan(tmp_path, bin_dir, train={"tensorboard": False, "lr": 0.5}).write_specs()
+    specs_written(make_plan(tmp_path, bin_dir, train={"tensorboard": False, "lr": 0.5}))
     assert spec.stat().st_mtime_ns > old
 
 
@@ -517,22 +525,22 @@ def test_a_sweep_that_grows_changes_the_auto_checkpoint_interval_and_trains_noth
     checkpoint is a resume point: nothing trained changes); any other change moves it; the
     plan says the interval it chose."""
     over = dict(train={"model": "resnet18", "checkpoint_interval_s": "auto"})
-    make_plan(tmp_path, bin_dir, sweep={"lr": [0.001, 0.002]}, **over).write_specs()
+    specs_written(make_plan(tmp_path, bin_dir, sweep={"lr": [0.001, 0.002]}, **over))
     spec = Path(RunPaths(str(tmp_path / "results"), "cpu_lr0p001").spec)
     assert json.loads(spec.read_text())["checkpoint_interval_s"] == 300
     old = spec.stat().st_mtime_ns - 10**9  # as if written a second ago
     os.utime(spec, ns=(old, old))
     grown = make_plan(tmp_path, bin_dir, sweep={"lr": [0.001 * (i + 1) for i in range(200)]},
                       **over)
-    grown.write_specs()
+    specs_written(grown)
     assert json.loads(spec.read_text())["checkpoint_interval_s"] == pytest.approx(715, abs=1)
     assert spec.stat().st_mtime_ns == old
     grown.announce()
     assert ("train.checkpoint_interval_s auto: in-segment checkpoints every 715 s (300 for a "
             "run alone, longer where many train at once, so that together they write at most "
             "~25 MB/s on average; docs/segments.md)") in grown.log.infos
-    make_plan(tmp_path, bin_dir, sweep={"lr": [0.001 * (i + 1) for i in range(200)]},
-              train={**over["train"], "epochs": 5}).write_specs()
+    specs_written(make_plan(tmp_path, bin_dir, sweep={"lr": [0.001 * (i + 1) for i in range(200)]},
+                            train={**over["train"], "epochs": 5}))
     assert spec.stat().st_mtime_ns > old  # epochs shape the run: trained again
 
 
@@ -548,12 +556,12 @@ def test_job_venvs_install_this_venvs_training_stack_or_the_users_file(tmp_path,
 
     plan = make_plan(tmp_path, bin_dir, env={"mode": "slurm_tmpdir", "find_links": "/w"})
     derived = tmp_path / "results/environment/job-requirements.txt"
-    assert plan.job_requirements == derived
-    plan.prepare_job_venvs(check=check)
+    assert plan.software.job_requirements == derived
+    plan.software.prepare_job_venvs(check=check)
     assert asked == [(derived, ["--no-index", "--find-links", "/w"])]
     assert "\ntorch==" in derived.read_text() and "snakemake" not in derived.read_text()
     stamp = derived.stat().st_mtime_ns
-    plan.prepare_job_venvs(check=check)
+    plan.software.prepare_job_venvs(check=check)
     assert derived.stat().st_mtime_ns == stamp
     assert "job venvs install" in " ".join(plan.log.infos)
 
@@ -561,14 +569,14 @@ def test_job_venvs_install_this_venvs_training_stack_or_the_users_file(tmp_path,
         raise WheelhouseError("pyyaml==9 (the wheelhouse has 6.0.1)")
 
     with pytest.raises(PlanError, match=r"pyyaml==9 \(the wheelhouse has 6.0.1\)"):
-        plan.prepare_job_venvs(check=refuse)
+        plan.software.prepare_job_venvs(check=refuse)
     unchecked = make_plan(tmp_path, bin_dir, env={"mode": "slurm_tmpdir", "check_wheelhouse": False})
-    unchecked.prepare_job_venvs(check=refuse)  # off: not asked
+    unchecked.software.prepare_job_venvs(check=refuse)  # off: not asked
     absent = make_plan(tmp_path, bin_dir, env={"mode": "slurm_tmpdir", "requirements": "nope.txt"})
-    assert absent.job_requirements == ROOT / "nope.txt"
+    assert absent.software.job_requirements == ROOT / "nope.txt"
     with pytest.raises(PlanError, match="env.requirements: .*nope.txt does not exist"):
-        absent.prepare_job_venvs(check=check)
-    make_plan(tmp_path, bin_dir).prepare_job_venvs(check=refuse)  # env.mode current: nothing
+        absent.software.prepare_job_venvs(check=check)
+    make_plan(tmp_path, bin_dir).software.prepare_job_venvs(check=refuse)  # env.mode current: nothing
 
 
 def test_a_plan_asking_two_mig_slices_per_job_is_refused_even_without_slurm(tmp_path, bin_dir):
@@ -576,15 +584,15 @@ def test_a_plan_asking_two_mig_slices_per_job_is_refused_even_without_slurm(tmp_
                      distributed={"world_size": 2, "device": "cuda"},
                      resources={"gpu_model": "a100_3g.20gb"})
     with pytest.raises(PlanError, match=r"a100_3g.20gb is a MIG slice.*run ddp asks 2"):
-        plan.check_against_cluster(lambda results: ROOM, limits_of=lambda: None)
+        plan.checks.against_cluster(lambda results: ROOM, limits_of=lambda: None)
     make_plan(tmp_path, bin_dir, strategies=["gpu"], resources={"gpu_model": "a100_3g.20gb"}) \
-        .check_against_cluster(lambda results: ROOM, limits_of=lambda: None)
+        .checks.against_cluster(lambda results: ROOM, limits_of=lambda: None)
 
 
 def test_ranks_with_a_gpu_each_are_bound_to_it_and_shared_gpus_are_not(tmp_path, bin_dir):
     def prefix(strategy, **over):
         plan = make_plan(tmp_path, bin_dir, strategies=[strategy], **over)
-        return plan.launch_prefix(strategy)
+        return plan.run_rules.launch_prefix(strategy)
 
     cuda = {"distributed": {"world_size": 2, "device": "cuda"}}
     for strategy in ("ddp", "fsdp", "lightning"):

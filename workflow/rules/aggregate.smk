@@ -28,11 +28,11 @@ rule aggregate_results:
     benchmark:
         f"{RESULTS}/benchmarks/aggregate_results.tsv"
     params:
-        cifarflow=PLAN.cifarflow,
+        cifarflow=PLAN.software.cifarflow,
         out_dir=lambda wildcards, output: Path(output.summary).parent,
-        study=PLAN.study_args(),
+        study=PLAN.search_rules.study_args(),
     run:
-        PLAN.write_runs_file(input, output.runs)
+        PLAN.outputs.write_runs_file(input, output.runs)
         shell(
             "{params.cifarflow} aggregate --runs {output.runs} --out-dir {params.out_dir}"
             " --plots-dir {output.plots} --env {input.env} {params.study} > {log} 2>&1"
@@ -48,10 +48,10 @@ rule summarize_partial:
     log:
         f"{RESULTS}/logs/summarize_partial.log",
     params:
-        cifarflow=PLAN.cifarflow,
+        cifarflow=PLAN.software.cifarflow,
         out_dir=lambda wildcards, output: Path(output.summary).parent,
     run:
-        PLAN.write_runs_file(PLAN.existing_metrics(), output.runs)
+        PLAN.outputs.write_runs_file(PLAN.outputs.existing_metrics(), output.runs)
         shell(
             "{params.cifarflow} aggregate --runs {output.runs} --out-dir {params.out_dir}"
             " --plots-dir {params.out_dir}/plots --keep-missing > {log} 2>&1"

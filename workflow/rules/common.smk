@@ -53,64 +53,64 @@ ROUND_RECORD = round_record(RESULTS, "{study}", "{round}")  # a search round, as
 
 
 def get_previous_segment(wildcards):
-    return PLAN.previous_segment(wildcards)
+    return PLAN.run_rules.previous(wildcards)
 
 
 def get_segment_args(wildcards):
-    return PLAN.segment_args(wildcards)
+    return PLAN.run_rules.args(wildcards)
 
 
 def get_threads(strategy):
-    return PLAN.threads(strategy)
+    return PLAN.run_rules.threads(strategy)
 
 
 def get_launch_prefix(strategy):
-    return PLAN.launch_prefix(strategy)
+    return PLAN.run_rules.launch_prefix(strategy)
 
 
 def get_run_resources(strategy):
-    return PLAN.run_resources(strategy)
+    return PLAN.run_rules.resources(strategy)
 
 
 def get_previous_pack_segment(wildcards):
-    return PLAN.previous_pack_segment(wildcards)
+    return PLAN.pack_rules.previous(wildcards)
 
 
 def get_pack_specs(wildcards):
-    return PLAN.pack_specs(wildcards)
+    return PLAN.pack_rules.specs(wildcards)
 
 
 def get_pack_threads(strategy):
-    return PLAN.pack_threads(strategy)
+    return PLAN.pack_rules.threads(strategy)
 
 
 def get_pack_resources(strategy):
-    return PLAN.pack_resources(strategy)
+    return PLAN.pack_rules.resources(strategy)
 
 
 def get_pack_args(strategy):
-    return PLAN.pack_args(strategy)
+    return PLAN.pack_rules.args(strategy)
 
 
 def get_pack_command(strategy):
-    return PLAN.pack_command(strategy)
+    return PLAN.pack_rules.command(strategy)
 
 
 def get_final_metrics():
-    return PLAN.final_metrics()
+    return PLAN.outputs.final_metrics()
 
 
 def get_round_inputs():
-    return PLAN.round_inputs()
+    return PLAN.search_rules.inputs()
 
 
 def get_study_pattern():
-    return PLAN.study_pattern()
+    return PLAN.search_rules.study_pattern()
 
 
 def get_search_setting(key):
-    return PLAN.search_setting(key)
+    return PLAN.search_rules.setting(key)
 
 
 def get_study_records():
-    return PLAN.study_records()
+    return PLAN.search_rules.records()

@@ -10,10 +10,10 @@ rule fetch_dataset:
     log:
         f"{RESULTS}/logs/fetch_dataset.log",
     params:
-        cifarflow=PLAN.cifarflow,
+        cifarflow=PLAN.software.cifarflow,
         out_dir=lambda wildcards, output: Path(output.archive).parent,
         source=config["data"]["source"],
-        args=PLAN.fetch_args(),
+        args=PLAN.fetch_args,
     shell:
         "{params.cifarflow} fetch-data --source {params.source} --out-dir {params.out_dir}"
         " {params.args} > {log} 2>&1"
@@ -27,7 +27,7 @@ rule extract_dataset:
     log:
         f"{RESULTS}/logs/extract_dataset.log",
     params:
-        cifarflow=PLAN.cifarflow,
+        cifarflow=PLAN.software.cifarflow,
         out_dir=lambda wildcards, output: Path(output.batches).parent,
         md5=config["data"]["md5"],
         data_id=PLAN.data_id,

@@ -8,14 +8,14 @@ rule record_environment:
     log:
         f"{RESULTS}/logs/record_environment.log",
     resources:
-        **PLAN.env_gpu,
-        **PLAN.placement(bool(PLAN.env_gpu)),
+        **PLAN.software.env_gpu,
+        **PLAN.placement.for_job(bool(PLAN.software.env_gpu)),
         runtime=10,
         mem_mb=2000,
     params:
-        cifarflow=PLAN.job_cifarflow,
-        prologue=PLAN.env_prologue(),
-        expect_gpu="--expect-gpu" if PLAN.env_gpu else "",
+        cifarflow=PLAN.software.job_cifarflow,
+        prologue=PLAN.software.env_prologue(),
+        expect_gpu="--expect-gpu" if PLAN.software.env_gpu else "",
     shell:
         "{params.prologue}{params.cifarflow} record-env --out {output.info}"
         " --freeze {output.freeze} {params.expect_gpu} > {log} 2>&1"

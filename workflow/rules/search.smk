@@ -19,4 +19,4 @@ checkpoint ask_trials:
         samples=get_search_setting("samples"),
         rounds=get_search_setting("rounds"),
     run:
-        PLAN.tell_and_ask(wildcards, output)
+        PLAN.search_rules.tell_and_ask(wildcards, output)

@@ -26,12 +26,12 @@ for _strategy in PLAN.unpacked:
             **get_run_resources(_strategy),
             attempt=lambda wildcards, attempt: attempt,
         params:
-            cifarflow=PLAN.job_cifarflow,
-            prologue=PLAN.env_prologue(),
+            cifarflow=PLAN.software.job_cifarflow,
+            prologue=PLAN.software.env_prologue(),
             args=get_segment_args,
             launch=get_launch_prefix(_strategy),
         shell:
-            f"trap '' TERM; ({PLAN.segment_command}) 2>&1 | {KEEP_ATTEMPT_LOG}"
+            f"trap '' TERM; ({PLAN.run_rules.command}) 2>&1 | {KEEP_ATTEMPT_LOG}"
 
 
 # Packed strategies (pack.runs_per_job > 1): one checkpoint per pack and segment trains
@@ -59,8 +59,8 @@ for _strategy in PLAN.packed:
         resources:
             **get_pack_resources(_strategy),
         params:
-            cifarflow=PLAN.job_cifarflow,
-            prologue=PLAN.env_prologue(),
+            cifarflow=PLAN.software.job_cifarflow,
+            prologue=PLAN.software.env_prologue(),
             args=get_pack_args(_strategy),
         shell:
             f"trap '' TERM; ({get_pack_command(_strategy)}) > {{log}} 2>&1"

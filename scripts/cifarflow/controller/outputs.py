@@ -1,22 +1,39 @@
 """The chains' outputs as the rules and aggregation read them: a segment's output (pending
-until its chain knows it), a run's final segment and metrics, and the runs file aggregation
-reads. A part of the WorkflowPlan. No torch."""
+until its job ran: the training checkpoint's "not run yet" exception, which schedules
+it), the chains of segments walked over them (chain.py), a run's final segment and
+metrics, and the runs file aggregation reads. The WorkflowPlan's ``outputs``. No torch."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Callable
 
-from ..layout import RunPaths, segment_number
+from ..data import ARCHIVE_NAME, fetch_record
+from ..layout import RunPaths, data_dir, segment_number
+from .chain import Chain
+from .pack_plan import Pack
+from .plan import Run
 
 
 class Outputs:
-    """Where the WorkflowPlan's chains end, and what aggregation learns of each run."""
+    """Where the plan's chains end, and what aggregation learns of each run. ``gate(run)``
+    returns once the run may train (a search trial: once its round was asked)."""
+
+    def __init__(self, config: dict, runs: dict[str, Run], packs: dict[str, Pack],
+                 checkpoints, *, pending: type[Exception], gate: Callable[[str], None],
+                 error: type[Exception]):
+        self.runs, self.checkpoints, self.gate, self.error = runs, checkpoints, gate, error
+        self.results = config["results"]
+        segments = config["segments"]
+        self.chain = Chain(runs, packs, config["sweep"].get("prune"),
+                           segments["count"] + segments["max_extra"], self.segment_output,
+                           pending)
 
     def segment_output(self, run: str, k: int) -> str:
         """Segment k of a run, once its job (its own, or its pack's) ran: until then the
         checkpoint's "not run yet" exception, which schedules that job."""
-        self.round_gate(run)  # a search's trial: once its round was asked
+        self.gate(run)
         train_rule = getattr(self.checkpoints, f"train_{self.runs[run].strategy}")
         if run in self.chain.pack_of:
             train_rule.get(pack=self.chain.pack_of[run], segment=k)
@@ -49,7 +66,7 @@ class Outputs:
         """What aggregation needs to know about each run, metrics path included: `metrics`
         maps run names to their last metrics.jsonl (rule input or what exists)."""
         metrics = {name: str(metrics[name]) for name in self.runs if name in metrics.keys()}
-        data = self.data_record()
+        data = fetch_record(Path(data_dir(self.results), ARCHIVE_NAME))  # fetch-data's record
         return {
             name: {
                 "strategy": run.strategy,

@@ -1,13 +1,15 @@
 """Which runs share a pack (pack.runs_per_job): one strategy, request and segment plan per
 pack; fused packs (pack.fuse) also by what one fused model needs (FUSE_KEYS); packs of a
-one-GPU strategy shared through MPS (pack.per_gpu). The plan's runs are plan.py's; how a
-pack's job trains its members is packs.py's. No torch."""
+one-GPU strategy shared through MPS (pack.per_gpu); and the order a pack's segment job
+gets (PackOrder): how the pack section says its members train. The plan's runs are
+plan.py's; what a kind of pack asks of Slurm is packs.py's. No torch."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ..engine.strategies import Strategy
+from ..orders import PackOrder
 from .plan import Run
 
 
@@ -26,6 +28,16 @@ class Pack:
     per_gpu: int = 1             # members sharing one GPU through MPS (kind "mps")
     one_node: bool = True        # pack.nodes 1: the job asks --nodes=1 (GPU packs always)
     whole_node: bool = False     # pack.whole_node: the job holds its node (--exclusive)
+
+    def order(self, k: int, members: list[str], first: Run, *, results: str, data: str,
+              stage: str) -> PackOrder:
+        """Segment k of the pack for ``members`` (``first``: a member, whose strategy,
+        request and segment plan they share): where they read and write, how they train;
+        the request is its job's (packs.PACK_TRY)."""
+        return PackOrder(pack=self.name, segment=k, results=results, data=data,
+                         until_epoch=first.until_epoch(k), stage_data=stage,
+                         gpus=first.strategy_class.gpus_per_node(first.config),
+                         fuse=self.fuse or None, per_gpu=self.per_gpu, members=tuple(members))
 
 
 def packable(cls: type[Strategy]) -> bool:

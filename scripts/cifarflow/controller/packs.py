@@ -1,26 +1,19 @@
-"""The packs' side of the plan: how a pack's job trains its members (a Slurm step each, a
-fused process, or an MPS-shared GPU), what it asks Slurm for, and every job's request shape
-as the fit check reads it. Used by the WorkflowPlan's rules (workflow.py). No torch."""
+"""What each kind of pack asks of Slurm (StepPack: a Slurm step a member, or one fused
+process; MpsPack: members sharing a GPU through MPS): its job's command template, its tasks,
+a task's memory, its GPUs, where it runs, and every job's request shape as the fit check
+reads it. Pure functions of a Pack; the pack rules (pack_rules.py) ask them. No torch."""
 
 from __future__ import annotations
 
-import shlex
-from typing import TYPE_CHECKING
-
-from ..engine.strategies import get_strategy
-from ..engine.strategies.base import gpu_request
 from ..job.mps_daemon import mps_gpus
 from ..orders import PackOrder
 from .pack_plan import Pack
+from .plan import Run
 
 # what a pack job's try got, as Snakemake fills it in (a retry changes the request)
 PACK_TRY = {"threads": "{resources.cpus_per_task}", "budget_min": "{resources.runtime}",
             "mem_per_cpu": "{resources.mem_mb_per_cpu}", "slots": "{threads}",
             "record": "{output.record}"}
-from .plan import Run
-
-if TYPE_CHECKING:
-    from .workflow import WorkflowPlan
 
 
 def mem_per_cpu(mem_mb: int, cpus: int) -> int:
@@ -47,23 +40,6 @@ class StepPack:
     command = "{params.prologue}{params.cifarflow} " + PackOrder.rule_command(
         "{params.args}", **PACK_TRY)
 
-    def order(self, plan: "WorkflowPlan", pack: Pack, k: int, members: list[str]) -> PackOrder:
-        """The pack's segment: which members, where they read and write, how they train
-        (the request is its job's: PACK_TRY)."""
-        first = plan.runs[pack.members[0]]  # the members share strategy, request and plan
-        return PackOrder(pack=pack.name, segment=k, results=plan.results, data=plan.batches,
-                         until_epoch=first.until_epoch(k),
-                         stage_data=plan.config["data"]["stage"],
-                         gpus=first.strategy_class.gpus_per_node(first.config),
-                         fuse=pack.fuse or None, per_gpu=pack.per_gpu,
-                         members=tuple(members))
-
-    def args(self, plan: "WorkflowPlan", wildcards) -> str:
-        """The order of the pack's segment job, but what its try's request fills in."""
-        order = self.order(plan, plan.packs[wildcards.pack], int(wildcards.segment),
-                           plan.pack_members(wildcards))
-        return shlex.join(order.to_argv(leave=PACK_TRY))
-
     @staticmethod
     def task_count(pack: Pack, members: int) -> int:
         """One per member it trains; one for a fused pack."""
@@ -80,12 +56,9 @@ class StepPack:
         """GPUs of a GPU pack's job, all on one node: one a task."""
         return self.task_count(pack, members)
 
-    def tasks(self, plan: "WorkflowPlan", wildcards) -> int:
-        return self.task_count(plan.packs[wildcards.pack], len(plan.pack_members(wildcards)))
-
     def shape(self, pack: Pack, runs: dict[str, Run]) -> tuple[str, dict]:
         """What the pack's first segment asks (all its members), as routing.check_fit reads
-        it, from the same counts as ``resources``."""
+        it, from the same counts as its rule's resources (PackRules.resources)."""
         res, members = pack.member_resources, len(pack.members)
         cpus = int(res["cpus_per_task"])
         shape = {"tasks": self.task_count(pack, members), "cpus_per_task": cpus,
@@ -100,43 +73,6 @@ class StepPack:
     @staticmethod
     def on_gpu(run: Run) -> bool:
         return run.strategy_class.gpus_per_node(run.config) > 0
-
-    def threads(self, plan: "WorkflowPlan", wildcards) -> int:
-        """Cores the local scheduler reserves: the members' together (a fused pack's one)."""
-        pack = plan.packs[wildcards.pack]
-        return self.tasks(plan, wildcards) * pack.member_resources["cpus_per_task"]
-
-    def resources(self, plan: "WorkflowPlan", strategy: str) -> dict:
-        """The request of a pack's segment. `mpi` tells the Slurm plugin not to wrap the job
-        in a step of its own: each member is one; empty for one member (the plugin refuses
-        an mpi job of one task), which the jobstep still runs outside a step of its own."""
-
-        def cpus(wildcards):
-            return plan.packs[wildcards.pack].member_resources["cpus_per_task"]
-
-        def tasks(wildcards):
-            return self.tasks(plan, wildcards)
-
-        def task_mem_mb(wildcards, attempt):  # pack_request sizes a fused pack's whole process
-            return plan.pack_request(wildcards, attempt).mem_mb
-
-        res = {
-            "tasks": tasks,
-            "cpus_per_task": cpus,
-            "mem_mb_per_cpu": lambda wildcards, input, attempt: mem_per_cpu(
-                task_mem_mb(wildcards, attempt), cpus(wildcards)),
-            "runtime": lambda wildcards, input, attempt: plan.pack_request(
-                wildcards, attempt).runtime,
-            "mpi": lambda wildcards: "srun" if tasks(wildcards) > 1 else "",
-        }
-        if get_strategy(strategy).device_kind == "cuda":
-            model = plan.config["resources"]["gpu_model"]
-            res["gres"] = lambda wildcards: gpu_request(model, self.gpus(
-                plan.packs[wildcards.pack], len(plan.pack_members(wildcards))))["gres"]
-            res["tasks_per_gpu"] = 0
-        res.update(self.placement([p for p in plan.packs.values() if p.strategy == strategy][0],
-                                  get_strategy(strategy).device_kind == "cuda"))
-        return res
 
     @staticmethod
     def placement(pack: Pack, on_gpu: bool) -> dict:
@@ -167,18 +103,6 @@ class MpsPack(StepPack):
 
 
 PACK_KINDS = {"steps": StepPack(), "mps": MpsPack()}
-
-
-def describe_pack_nodes(packs: dict[str, Pack]) -> str:
-    """The pack line's part on where a pack job's members run (pack.nodes, whole_node)."""
-    first = next(iter(packs.values()), None)
-    if first is None:
-        return ""
-    if first.whole_node:
-        return ("; each pack job holds one whole node (pack.whole_node: --exclusive, the "
-                "node's every core charged)")
-    return ("; each pack job on one node (pack.nodes: 1)" if first.one_node else
-            "; CPU packs' members spread over nodes as Slurm places them (pack.nodes: any)")
 
 
 def job_shapes(runs: dict[str, Run], packs: dict[str, Pack]) -> dict[str, dict]:

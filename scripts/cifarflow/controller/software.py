@@ -1,14 +1,17 @@
 """A job's software, as the plan gives it: the cifarflow command a job runs, its prologue
 (config.env), the job venvs' requirements and the wheelhouse check at plan time, the GPU
-the environment record asks for. A part of the WorkflowPlan. No torch."""
+the environment record asks for. The WorkflowPlan's ``software``. No torch."""
 
 from __future__ import annotations
 
+import logging
 import shlex
+import sys
+import sysconfig
 from pathlib import Path
 
 from ..config import data_identity
-from ..engine.strategies.base import gpu_request
+from ..engine.cuda import gpu_request
 from ..job.job_env import pip_index_args, prologue
 from .plan import PlanError
 from .optional_packages import not_installed
@@ -37,7 +40,22 @@ def fetch_args(data: dict) -> str:
 
 
 class JobSoftware:
-    """What gives the WorkflowPlan's jobs their Python."""
+    """What gives the plan's jobs their Python (config.env), given the plan's runs (what
+    they import, whether one trains on a GPU)."""
+
+    def __init__(self, config: dict, basedir, runs: dict, *, jobs_at_once: int | None = None,
+                 error: type[Exception] = PlanError, log=logging.getLogger("cifarflow"),
+                 scripts_dir: str | None = None):
+        self.env, self.basedir, self.runs = config["env"], Path(basedir), runs
+        self.results, self.gpu_model = config["results"], config["resources"]["gpu_model"]
+        self.jobs_at_once, self.error, self.log = jobs_at_once, error, log
+        self.job_requirements = self.job_requirements_file()
+        self.python = sys.executable if self.env["mode"] == "current" else "python"
+        # where snakemake runs (the local rules), and in jobs under env.mode current
+        self.cifarflow = installed_command(scripts_dir or sysconfig.get_path("scripts"),
+                                           self.basedir, error)
+        self.job_cifarflow = self.job_command()
+        self.env_gpu = self.env_gpu_request()
 
     def job_command(self) -> str:
         """The engine in jobs, after the prologue. The venv of env.mode venv must have this
@@ -128,7 +146,4 @@ class JobSoftware:
         """One GPU of the kind the runs train on, for the environment check; {} if none does."""
         if not any(run.strategy_class.gpus_per_node(run.config) for run in self.runs.values()):
             return {}
-        return gpu_request(self.config["resources"]["gpu_model"], 1)
-
-    def fetch_args(self) -> str:
-        return fetch_args(self.config["data"])
+        return gpu_request(self.gpu_model, 1)

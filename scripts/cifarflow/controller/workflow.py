@@ -1,9 +1,14 @@
 """The workflow's plan, built once from the config where Snakemake reads the rules
-(workflow/rules/common.smk wires it in through one-line ``get_*`` helpers): the runs, the
-packs and their segment chains. Its concerns live beside it, each a part of WorkflowPlan:
-main_process.py (the checks at `snakemake -n`, the specs, the watches), software.py (a
-job's Python), rules.py (each segment job's command line and request), outputs.py (the
-chains' outputs, the runs file), packs.py (how a pack trains, what it asks).
+(workflow/rules/common.smk wires it in through one-line ``get_*`` helpers): the runs and
+the packs, and the collaborators that answer the rules, each given what it needs:
+
+- ``software`` (software.py): a job's Python, its prologue, the job venvs;
+- ``placement`` (placement.py): each job's partition and account;
+- ``rounds`` (rounds.py): a search's trials, gated until their round is asked;
+- ``outputs`` (outputs.py): the chains of segments and where they end, the runs file;
+- ``run_rules`` (rules.py), ``pack_rules`` (pack_rules.py), ``search_rules`` (rounds.py):
+  what each training rule and the ask rule ask, per job;
+- ``checks`` (checks.py): the checks at `snakemake -n`, in the main process only.
 
 Snakemake is not imported here: its checkpoints, its "not run yet" exception, its logger
 and its error class are handed in, so the plan is built and tested without a workflow.
@@ -16,34 +21,28 @@ from __future__ import annotations
 import logging
 import os
 import re
-import sys
-import sysconfig
+import time
 from pathlib import Path
+from typing import Callable
 
 from ..config import data_identity
-from ..orders import SegmentOrder
-from .chain import Chain
-from .main_process import MainProcess
+from ..data import BATCHES_DIR
+from ..job.tries import INVOCATION
+from ..layout import data_dir
+from .checks import PlanChecks
+from .describe import plan_lines
 from .outputs import Outputs
 from .pack_plan import Pack, plan_packs
+from .pack_rules import PackRules
+from .pending import PendingWatch
+from .placement import Placement
 from .plan import PlanError, Run, build_runs, settle_keep_weights, sweep_item_schemas
-from .rounds import SearchRounds
-from .rules import SEGMENT_TRY, SegmentRules
+from .progress import watch_progress
+from .rounds import SearchRounds, SearchRules
+from .rules import Requests, RunRules
 from .search import Search
-from .software import JobSoftware, installed_command
-
-
-def slurm_placement(slurm: dict, environ=os.environ) -> dict:
-    """slurm_account / slurm_partition for every job: config first, else the user's
-    environment (SLURM_ACCOUNT, SLURM_PARTITION); absent means the cluster's default."""
-    res = {}
-    for key in ("account", "partition"):
-        value = slurm[key] or environ.get(f"SLURM_{key.upper()}", "")
-        if value:
-            res[f"slurm_{key}"] = value
-    if slurm["extra"]:
-        res["slurm_extra"] = slurm["extra"]
-    return res
+from .software import JobSoftware, fetch_args
+from .specs import write_specs
 
 
 def name_pattern(strategies) -> str:
@@ -57,52 +56,42 @@ def pack_name_pattern(strategy: str) -> str:
     return f"{re.escape(strategy)}-(r\\d+-)?pack\\d+"
 
 
-class WorkflowPlan(MainProcess, JobSoftware, SegmentRules, Outputs, SearchRounds):
-    """Everything the rules ask of the config, computed once per Snakemake process."""
-
-    # the segment job's command line, a Snakemake shell template: the request comes from
-    # `resources` (a retry changes it; params keep the first try's values)
-    segment_command = ("{params.prologue}{params.launch} {params.cifarflow} "
-                       + SegmentOrder.rule_command("{params.args}", **SEGMENT_TRY))
+class WorkflowPlan:
+    """Everything the rules ask of the config, computed once per Snakemake process. The
+    collaborators share the plan's ``runs`` and ``packs`` (a search's later round adds to
+    them in place: ``add_round``)."""
 
     def __init__(self, config: dict, basedir, runs: dict[str, Run], packs: dict[str, Pack], *,
                  checkpoints=None, pending: type[Exception] = LookupError,
                  error: type[Exception] = PlanError, log=logging.getLogger("cifarflow"),
                  jobs_at_once: int | None = None, environ=os.environ,
                  scripts_dir: str | None = None):
-        self.config, self.basedir = config, Path(basedir)
-        self.runs, self.packs = runs, packs
-        self.checkpoints, self.error, self.log = checkpoints, error, log
-        self.jobs_at_once = jobs_at_once
+        self.config, self.runs, self.packs = config, runs, packs
+        self.error, self.log, self.main_process = error, log, False
         self.results = config["results"]
-        self.data_dir = f"{self.results}/data"
-        self.batches = f"{self.data_dir}/cifar-10-batches-py"
+        self.data_dir = data_dir(self.results)
+        self.batches = f"{self.data_dir}/{BATCHES_DIR}"
         self.data_id = data_identity(config["data"])  # what shaped the data: its source
-        self.env = config["env"]
-        self.job_requirements = self.job_requirements_file()
-        self.python = sys.executable if self.env["mode"] == "current" else "python"
-        # where snakemake runs (the local rules), and in jobs under env.mode current
-        self.cifarflow = installed_command(scripts_dir or sysconfig.get_path("scripts"),
-                                           self.basedir, error)
-        self.job_cifarflow = self.job_command()
-        self.prune = config["sweep"].get("prune")
-        self.max_segments = config["segments"]["count"] + config["segments"]["max_extra"]
+        self.fetch_args = fetch_args(config["data"])
         self.packed = sorted({pack.strategy for pack in packs.values()})
         self.unpacked = [s for s in config["strategies"] if s not in self.packed]
-        self.slurm_placement = slurm_placement(config["slurm"], environ)
-        self.job_accounts: dict | None = None  # {on GPUs: account}: the main process's check
-        self.env_gpu = self.env_gpu_request()
-        self.chain = Chain(runs, packs, self.prune, self.max_segments, self.segment_output,
-                           pending)
-        self.sizing_logged: set = set()
-        self.user_model_sizes: dict = {}  # measured at -n (check_user_models)
-        self.init_search(Search.from_sweep(config["sweep"], sweep_item_schemas()))
-
-    def placement(self, gpu: bool) -> dict:
-        """slurm_placement, with the account a CPU or GPU job goes to where the main process
-        settled it against sacctmgr (accounts.py: def-pi -> def-pi_cpu / def-pi_gpu)."""
-        account = (self.job_accounts or {}).get(gpu)
-        return {**self.slurm_placement, **({"slurm_account": account} if account else {})}
+        self.software = JobSoftware(config, basedir, runs, jobs_at_once=jobs_at_once,
+                                    error=error, log=log, scripts_dir=scripts_dir)
+        self.placement = Placement(config["slurm"], environ)
+        search = Search.from_sweep(config["sweep"], sweep_item_schemas())
+        self.rounds = SearchRounds(search, config, runs, checkpoints, self.add_round, log, error)
+        self.outputs = Outputs(config, runs, packs, checkpoints, pending=pending,
+                               gate=self.rounds.gate, error=error)
+        self.chain = self.outputs.chain
+        requests = Requests(self.results, runs, log)
+        self.run_rules = RunRules(runs, requests, self.placement, results=self.results,
+                                  data=self.batches, stage=config["data"]["stage"],
+                                  python=self.software.python)
+        self.pack_rules = PackRules(runs, packs, self.chain, requests, self.placement, config,
+                                    self.batches, error)
+        self.search_rules = SearchRules(search, config["strategies"], self.outputs, log)
+        self.checks = PlanChecks(config, runs, packs, self.placement,
+                                 bool(self.software.env_gpu), jobs_at_once, log, error)
 
     @classmethod
     def from_config(cls, config: dict, basedir, **kw) -> "WorkflowPlan":
@@ -111,10 +100,50 @@ class WorkflowPlan(MainProcess, JobSoftware, SegmentRules, Outputs, SearchRounds
         try:
             config = settle_keep_weights(config)  # the rounds of a search plan from it too
             runs = build_runs(config)
-        except ValueError as exc:
-            raise error(f"config error: {exc}")
-        try:
             packs = plan_packs(runs, config["pack"])
         except ValueError as exc:
             raise error(f"config error: {exc}")
         return cls(config, basedir, runs, packs, **kw)
+
+    def start_main_process(self, workdir: str = ".", on_slurm: Callable[[], bool] = lambda: False,
+                           training: Callable[[], bool] = lambda: False,
+                           environ=os.environ) -> None:
+        """What only the process that plans does (not every job again): mark this run of the
+        workflow (which tries of a segment are its own), fix Snakemake, check the plan
+        (checks.py, the jobs' software), write the run specs, say what the plan submits,
+        watch for jobs pending forever while ``on_slurm()`` (it submits to Slurm, for real)
+        and say how far the plan got while ``training()`` (not a dry run)."""
+        environ[INVOCATION] = f"{time.time():.0f}.{os.getpid()}"
+        self.main_process = True  # a later search round's specs are written here too
+        from .snakemake_fixes import keep_restarted_jobs_ready
+
+        keep_restarted_jobs_ready()  # retried segments are not lost when a checkpoint finishes
+        self.checks.user_models()
+        self.checks.results_dir()
+        self.checks.kept_data()
+        write_specs(self.runs.values(), self.results, self.log)
+        self.announce()
+        self.software.check_strategy_packages()
+        self.software.prepare_job_venvs()
+        self.checks.against_cluster()
+        self.checks.local_gpus(environ=environ)
+        self.pending_watch = PendingWatch(workdir, self.log.warning,
+                                          self.config["slurm"]["pending_check_s"],
+                                          active=on_slurm).start()
+        self.progress_watch = watch_progress(self.results, self.chain, self.log.info,
+                                             self.config["progress_s"], training)
+
+    def announce(self) -> None:
+        """Say what the plan submits: pruning, packing, the search, storage (describe.py)."""
+        for line in plan_lines(self.config, self.runs, self.packs, self.rounds.describe(),
+                               self.checks.storage):
+            self.log.info(line)
+
+    def add_round(self, new: dict[str, Run]) -> None:
+        """A later search round's trials join the plan: packed (replacing the provisional
+        packs of their placeholders), their specs written where the plan's are."""
+        old = {p.name for p in self.packs.values() if set(p.members) & set(new)}
+        self.runs.update(new)
+        self.chain.add_packs(plan_packs(new, self.config["pack"]), old)
+        if self.main_process:
+            write_specs(new.values(), self.results, self.log)

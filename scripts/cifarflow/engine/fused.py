@@ -38,11 +38,10 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from .augment import mirror
+from .evaluation import evaluate_fused
 from .fused_batches import FusedBatches
 from .fused_model import FusedModel
 from .fused_optim import FusedOptimizer
-from .loaders import eval_batches
 from .meter import FusedMeter
 from .stop import StopController
 
@@ -118,30 +117,10 @@ class FusedGroup:
         hits = (out.detach().argmax(-1) == y).sum(-1)
         return losses.detach(), hits
 
-    @torch.no_grad()
     def evaluate(self) -> list[dict]:
-        """Test accuracy of every member on the shared test split (``test_acc``), and with
-        eval.tta flip ``test_acc_tta`` (the mean of the logits of an image and its mirror),
-        as Segment.evaluate."""
+        """Test accuracy of every member, in one fused evaluation (evaluation.py)."""
         first = self.members[0]
-        s, cfg = first.strategy, first.cfg
-        tta = cfg.tta == "flip"
-        self.fused.train(False)
-        hits = torch.zeros(2, self.fused.size, dtype=torch.float64, device=s.device)
-        total = 0
-        for x, y, valid in eval_batches(first.test_split, cfg.eval_batch_size, 0, 1,
-                                        cfg.channels_last, s.device):
-            with self.autocast():
-                logits = self.fused.forward(x, shared_input=True)
-                both = logits.float() + self.fused.forward(mirror(x), shared_input=True).float() \
-                    if tta else logits
-            hits[0] += ((logits.argmax(-1) == y) & valid).sum(1).double()
-            hits[1] += ((both.argmax(-1) == y) & valid).sum(1).double()
-            total += int(valid.sum())
-        self.fused.train(True)
-        accs, accs_tta = (hits / total).tolist()
-        return [{"test_acc": a, **({"test_acc_tta": t} if tta else {})}
-                for a, t in zip(accs, accs_tta)]
+        return evaluate_fused(self.fused, first.test_split, first.cfg, first.strategy)
 
     def export(self) -> None:
         self.fused.export_to([m.model for m in self.members])

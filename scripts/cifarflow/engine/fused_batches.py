@@ -25,7 +25,7 @@ class FusedBatches:
         first = member_batches[0]
         self.split, self.batch_size = first.split, first.batch_size
         self.channels_last = first.channels_last
-        self.shared = share and len({(b.seed, b.rank, b.world_size, b.shuffle, b.augment)
+        self.shared = share and len({(b.seed, b.rank, b.world_size, b.augment)
                                      for b in member_batches}) == 1
         self.augment = first.augment  # one for all members (pack_plan.FUSE_KEYS)
         self.per_member = False

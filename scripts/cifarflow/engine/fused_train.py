@@ -5,6 +5,7 @@ benchmarks and tests."""
 
 from __future__ import annotations
 
+from ..orders import FusedOrder
 from .build import build_placed_model, seed_everything
 from .fused import FusedGroup
 from .fused_batches import FusedBatches
@@ -30,16 +31,17 @@ def build_members(members: list, mode: str | None = None) -> str:
     return mode or default_mode(first.strategy.device)
 
 
-def train_fused(members: list, mode: str | None, start_time: float, say,
-                share_input: bool = True) -> dict:
+def train_fused(order: FusedOrder, members: list, start_time: float, say) -> dict:
     """Segment k of each member (Segments built for one process each, not yet set up),
-    fused: the members resumed at one position train as one group; members at another
-    position (an earlier try stopped them elsewhere) form a group of their own, trained
-    next, and say so. Returns each run's result, or its error (the others go on)."""
+    fused as ``order`` (orders.FusedOrder) says: the members resumed at one position train
+    as one group; members at another position (an earlier try stopped them elsewhere) form
+    a group of their own, trained next, and say so. Returns each run's result, or its error
+    (the others go on)."""
     members = sorted(members, key=lambda m: m.cfg.optimizer)  # a block per kind
     for m in members:
         m.strategy.setup()
-    mode = build_members(members, mode)
+    mode = build_members(members, None if order.mode == "auto" else order.mode)
+    share_input = not order.no_shared_input
     results, groups = {}, {}
     for m in members:
         try:

@@ -33,9 +33,8 @@ from .augment import Augment
 MEAN = STD = 0.5  # the seed's Normalize((0.5,)*3, (0.5,)*3)
 
 
-def epoch_order(n: int, seed: int, epoch: int, shuffle: bool = True) -> torch.Tensor:
-    if not shuffle:
-        return torch.arange(n)
+def epoch_order(n: int, seed: int, epoch: int) -> torch.Tensor:
+    """The training split's order in ``epoch``: a pure function of (seed, epoch)."""
     gen = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
     return torch.randperm(n, generator=gen)
 
@@ -77,16 +76,16 @@ class TensorBatches:
 
     def __init__(self, split: Split, batch_size: int, seed: int, rank: int = 0,
                  world_size: int = 1, channels_last: bool = True, device: str = "cpu",
-                 shuffle: bool = True, augment: Augment | dict | None = None):
+                 augment: Augment | dict | None = None):
         self.split, self.batch_size, self.seed = split, batch_size, seed
         self.rank, self.world_size = rank, world_size
-        self.channels_last, self.device, self.shuffle = channels_last, device, shuffle
+        self.channels_last, self.device = channels_last, device
         self.augment = augment if isinstance(augment, Augment) else Augment.of(augment)
         if self.on_device:
             self.split = split.to(device)
 
     def indices(self, epoch: int) -> torch.Tensor:
-        return shard(epoch_order(len(self.split), self.seed, epoch, self.shuffle),
+        return shard(epoch_order(len(self.split), self.seed, epoch),
                      self.rank, self.world_size)
 
     def __len__(self) -> int:

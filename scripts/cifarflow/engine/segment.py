@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import resource
 import sys
 import time
 from pathlib import Path
@@ -11,11 +10,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from . import checkpoint as ckpt
 from ..config import TrainConfig
 from ..orders import SegmentOrder
-from .augment import mirror
-from .loaders import Split, eval_batches
+from .evaluation import evaluate
+from .loaders import Split
 from .stage import stage_split
 from .build import (build_batches, build_optimizer, build_placed_model, build_scheduler,
                     seed_everything)
@@ -24,14 +22,7 @@ from .report import Reporter
 from .state import Progress
 from .segment_checkpoints import EARLY_STOP, SegmentCheckpoints
 from .stop import StopController
-
-METRICS = ckpt.METRICS
-
-
-def peak_memory_mb(device: str) -> float:
-    if str(device).startswith("cuda"):
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+from .usage import peak_memory_mb
 
 
 class Segment(SegmentCheckpoints):
@@ -174,28 +165,9 @@ class Segment(SegmentCheckpoints):
             self.meter.restart_clock(self.progress)
         return reason
 
-    @torch.no_grad()
     def evaluate(self) -> dict:
-        """Test accuracy (``test_acc``), and with eval.tta flip ``test_acc_tta``: each image
-        classified by the mean of the logits of it and its mirror (airbench's TTA)."""
-        s = self.strategy
-        s.sync_buffers(self.model)
-        self.model.eval()
-        tta = self.cfg.tta == "flip"
-        hits = torch.zeros(3, dtype=torch.float64, device=s.device)
-        for x, y, valid in eval_batches(self.test_split, self.cfg.eval_batch_size, s.rank,
-                                        s.world_size, self.cfg.channels_last, s.device):
-            with s.autocast():
-                logits = self.model(x)
-                both = (logits.float() + self.model(mirror(x)).float()) if tta else logits
-            hits += torch.stack([((logits.argmax(1) == y) & valid).sum(),
-                                 ((both.argmax(1) == y) & valid).sum(), valid.sum()]).double()
-        self.model.train()
-        totals = s.all_reduce(hits.to(s.reduce_device))
-        accs = {"test_acc": float(totals[0] / totals[2])}
-        if tta:
-            accs["test_acc_tta"] = float(totals[1] / totals[2])
-        return accs
+        """Test accuracy of the model (evaluation.py)."""
+        return evaluate(self.model, self.test_split, self.cfg, self.strategy)
 
     def end_epoch(self) -> str | None:
         """Record the finished epoch (reduced over ranks, evaluated); then, if more epochs

@@ -17,6 +17,7 @@ import torch
 from . import checkpoint as ckpt
 from . import resume as resuming
 from .build import rng_state, set_rng_state
+from .keep_weights import keep_last_and_best
 from .state import Progress, slurm_restarts
 from .usage import rank_usage, segment_usage
 
@@ -146,7 +147,7 @@ class SegmentCheckpoints:
         self.log(f"checkpoint {self.out_dir} written in {save_s:.2f} s "
                  f"({'done' if self.done() else 'to be continued'})")
         if self.cfg.keep_weights == "last" and self.strategy.is_main:
-            for name, freed in ckpt.keep_last_and_best(self.out_dir):
+            for name, freed in keep_last_and_best(self.out_dir):
                 self.log(f"segments.keep_weights last: {name}'s weights removed "
                          f"({freed / 2**20:,.1f} MB)")
         return {"epoch": p.epoch, "step": p.step, "stopped": reason, "save_s": save_s,

@@ -11,6 +11,15 @@ from .. import slurm
 from ..jobfacts import env_build_s, job_fact
 
 
+def peak_memory_mb(device: str) -> float:
+    """This process's peak memory so far: the GPU's allocations on CUDA, else its RSS."""
+    if str(device).startswith("cuda"):
+        import torch
+
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
 def rank_usage() -> dict:
     """This process: CPU seconds (its own and its waited-for children's, e.g. DataLoader
     workers) and its peak resident memory (a forked child's peak counts the pages it

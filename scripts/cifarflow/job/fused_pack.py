@@ -81,8 +81,7 @@ def train_fused_members(order: FusedOrder, start_time: float) -> int:
             print(f"[fused {order.pack}] {line}", flush=True)
 
         try:
-            results_of = train_fused(segments, None if order.mode == "auto" else order.mode,
-                                     start_time, say_group, not order.no_shared_input)
+            results_of = train_fused(order, segments, start_time, say_group)
         except BaseException as exc:  # the whole group failed: every member's try says why
             for segment in segments:
                 segment.report.say(f"ERROR: the fused group failed: {type(exc).__name__}: {exc}")

@@ -96,3 +96,21 @@ def refused_exit(command: str, exc: TryRefused) -> None:
     prefix = "error: " if exc.exit_status == 2 else ""
     print(f"cifarflow {command}: {prefix}{exc}", file=sys.stderr, flush=True)
     sys.exit(exc.exit_status)
+
+
+def train_segment(order, start_time: float) -> dict:
+    """`cifarflow train`: segment ``order`` (orders.SegmentOrder) of a run, its try recorded
+    in the run's tries.jsonl; torch is imported once the start is recorded, so a kill that
+    comes early finds it. A segment outside a workflow (no run folder) records no try."""
+    if not order.work:
+        from ..engine.segment import run_training
+
+        return run_training(order, start_time)
+    try:
+        with recorded_try(order.run_dir, order.out, order.attempt) as outcome:
+            from ..engine.segment import run_training
+
+            outcome.result = run_training(order, start_time)
+    except TryRefused as exc:
+        refused_exit("train", exc)
+    return outcome.result

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from ..engine.checkpoint import read_manifest
-from ..engine.strategies.base import GPU_INDEX_ENV
+from ..engine.cuda import GPU_INDEX_ENV
 from ..layout import RunPaths
 from ..orders import PackOrder
 from .fused_pack import run_fused_pack

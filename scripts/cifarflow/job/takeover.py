@@ -20,7 +20,9 @@ import os
 import signal
 import socket
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from .. import slurm
 from ..jobfacts import job_id
@@ -108,14 +110,34 @@ def describe(entry: dict) -> str:
             f"process {entry.get('pid')} on {entry.get('host')}")
 
 
-def take_over(run_dir, run: str, say=print, is_alive=alive, stop=cancel, wait_s=WAIT_S,
-              poll_s=POLL_S, poll_max_s=POLL_MAX_S, environ=os.environ,
-              cancel_pending=cancel_earlier_pending, clock=time.monotonic,
-              sleep=time.sleep) -> None:
+@dataclass(frozen=True)
+class Reach:
+    """What a takeover does to an earlier run of the workflow's jobs: looks whether a try
+    lives, cancels it, cancels that run's pending jobs (a test hands in its own)."""
+    is_alive: Callable[[dict], bool] = alive
+    stop: Callable[[dict], None] = cancel
+    cancel_pending: Callable = cancel_earlier_pending
+
+
+@dataclass(frozen=True)
+class Patience:
+    """How long a takeover waits for a cancelled try to end, how often it looks, and the
+    clock it waits by (a test's own: no machine's speed counts)."""
+    wait_s: float = WAIT_S
+    poll_s: float = POLL_S
+    poll_max_s: float = POLL_MAX_S
+    clock: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], None] = time.sleep
+
+
+def take_over(run_dir, run: str, say=print, reach: Reach = Reach(),
+              patience: Patience = Patience(), environ=os.environ) -> None:
     """Before a try of ``run`` trains (rank 0): cancel an earlier run of the workflow's try
     that still trains it and wait for its end, looking at it less and less often; cancel
     what that run of the workflow still has pending; raise Superseded where a newer run of
     the workflow trains ``run``."""
+    is_alive, stop, wait_s = reach.is_alive, reach.stop, patience.wait_s
+    clock, sleep = patience.clock, patience.sleep
     mine = environ.get(INVOCATION, "")
     if not mine:
         return  # not started by the workflow (a test, a hand-made command)
@@ -128,7 +150,7 @@ def take_over(run_dir, run: str, say=print, is_alive=alive, stop=cancel, wait_s=
     if me and mine not in PENDING_ASKED and \
             any(e.get("invocation") not in ("", mine) for e in entries):
         PENDING_ASKED.add(mine)  # once: a fused pack's members ask for one job
-        cancel_pending(mine, say)  # a restart: the earlier controller's queue goes too
+        reach.cancel_pending(mine, say)  # a restart: the earlier controller's queue goes too
     for entry in reversed(open_tries(entries)):
         theirs = entry.get("invocation", "")
         if not theirs or theirs == mine or (me and entry.get("job_id") == me):
@@ -141,7 +163,7 @@ def take_over(run_dir, run: str, say=print, is_alive=alive, stop=cancel, wait_s=
             "cancelling it, then resuming from its checkpoint")
         stop(entry)
         t0 = clock()
-        for pause in backoff(poll_s, poll_max_s):
+        for pause in backoff(patience.poll_s, patience.poll_max_s):
             if not is_alive(entry):
                 break
             if clock() - t0 > wait_s:

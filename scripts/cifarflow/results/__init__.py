@@ -1,2 +1,2 @@
 """Afterwards, on the login node: the summary table, the plots, the advice, `cifarflow show`.
-Imports: the shared top modules, ``engine`` (early stopping's reading) and ``job`` (tries)."""
+Imports: the shared top modules and ``job`` (tries); never ``controller``."""

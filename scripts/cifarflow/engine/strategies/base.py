@@ -21,9 +21,9 @@ import functools
 import os
 from typing import ClassVar
 
+from ..cuda import apply_cuda_switches, cuda_missing, gpu_request, use_assigned_gpu
+
 STRATEGIES: dict[str, type["Strategy"]] = {}
-# the GPU index of a one-process run whose GPUs are shared (an MPS-shared pack's member)
-GPU_INDEX_ENV = "CIFARFLOW_CUDA_DEVICE"
 
 
 class StrategyError(RuntimeError):
@@ -31,30 +31,9 @@ class StrategyError(RuntimeError):
 
 
 def require_cuda(strategy: str) -> None:
-    import torch
-
-    if not torch.cuda.is_available():
-        raise StrategyError(f"strategy '{strategy}' needs a CUDA GPU but none is visible "
-                            "(torch.cuda.is_available() is False): run it on a GPU node "
-                            "(profiles/slurm requests one) or choose cpu/ddp in config")
-
-
-def gpu_request(model: str, gpus: int) -> dict:
-    """Snakemake resources for `gpus` GPUs per node, of `model` if given; tasks_per_gpu=0:
-    the Slurm plugin must not start the command once per GPU."""
-    return {"gres": f"gpu:{model}:{gpus}" if model else f"gpu:{gpus}", "tasks_per_gpu": 0}
-
-
-def apply_cuda_switches(cfg) -> None:
-    """Before any CUDA work: cuBLAS reads its workspace setting when it starts."""
-    import torch
-
-    if cfg.deterministic:  # reproducible cuBLAS results (else a warning and drift)
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-
-    torch.backends.cuda.matmul.allow_tf32 = cfg.tf32_matmul
-    torch.backends.cudnn.allow_tf32 = cfg.tf32_cudnn
-    torch.backends.cudnn.benchmark = not cfg.deterministic
+    message = cuda_missing(strategy)
+    if message:
+        raise StrategyError(message)
 
 
 class Strategy:
@@ -178,9 +157,7 @@ class Strategy:
         if self.uses_cuda():
             require_cuda(self.name)
             apply_cuda_switches(self.cfg)
-            if os.environ.get(GPU_INDEX_ENV):  # its place in an MPS-shared pack
-                torch.cuda.set_device(int(os.environ[GPU_INDEX_ENV]))
-            self.device = f"cuda:{torch.cuda.current_device()}"
+            self.device = use_assigned_gpu()
 
     def train(self, segment) -> dict:
         """Drive the segment: the engine's own loop unless a framework brings one."""

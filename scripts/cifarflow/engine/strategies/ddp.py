@@ -14,7 +14,8 @@ import socket
 from dataclasses import dataclass
 
 from ...slurm import first_hostname
-from .base import StrategyError, apply_cuda_switches, require_cuda
+from ..cuda import apply_cuda_switches
+from .base import StrategyError, require_cuda
 from .multiprocess import MultiProcessStrategy
 
 

@@ -1,0 +1,125 @@
+"""The checks of the plan at `snakemake -n`, in the main process only: results: writable,
+the data kept there, the user's models, the local GPUs, and the plan against the cluster
+(cluster_checks.py) and the room under results:, which settles each job's account. The
+WorkflowPlan's ``checks``. No torch (but where a user's model is measured)."""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+
+from ..data import ARCHIVE_NAME, fetch_record
+from ..engine.gpu_monitor import visible_gpus
+from ..engine.strategies.ddp import too_few_gpus
+from ..layout import data_dir
+from . import quota, storage
+from .cluster_checks import check_cluster, check_storage
+from .pack_plan import Pack
+from .placement import Placement
+from .plan import Run, check_user_models
+
+
+class PlanChecks:
+    """What the plan is checked against before anything is submitted. Refusals raise
+    ``error`` (one line naming the way out); warnings go to ``log``."""
+
+    def __init__(self, config: dict, runs: dict[str, Run], packs: dict[str, Pack],
+                 placement: Placement, env_gpu: bool, jobs_at_once: int | None, log,
+                 error: type[Exception]):
+        self.config, self.runs, self.packs, self.placement = config, runs, packs, placement
+        self.env_gpu, self.jobs_at_once, self.log, self.error = env_gpu, jobs_at_once, log, error
+        self.results, self.data_dir = config["results"], data_dir(config["results"])
+        self.user_model_sizes: dict = {}  # measured at -n (user_models)
+
+    def user_models(self) -> None:
+        """A user's module:factory model is built once here (imports torch): its size counts
+        in the storage estimate."""
+        try:
+            self.user_model_sizes = check_user_models(self.runs.values())
+        except ValueError as exc:
+            raise self.error(f"config error: {exc}")
+
+    def results_dir(self) -> None:
+        """results: is where every run writes: one line, naming the key, if it cannot be."""
+        where = Path(self.results)
+        try:
+            where.mkdir(parents=True, exist_ok=True)
+            writable = os.access(where, os.W_OK | os.X_OK)
+        except OSError as exc:
+            writable, why = False, exc.strerror
+        else:
+            why = "not writable"
+        if not writable:
+            raise self.error(f"results: {self.results} cannot be written here ({why}): set "
+                             "results: in config/config.yaml (or --config results=DIR) to a "
+                             "folder you can write, e.g. /scratch/$USER/<sweep> on a cluster")
+
+    def kept_data(self) -> None:
+        """Real CIFAR-10 (downloaded, or from an archive) in results/data is never replaced by
+        a synthetic set without a word: a plan that would do it is refused, with both ways out
+        (a dry run says so too)."""
+        record = fetch_record(Path(self.data_dir, ARCHIVE_NAME))  # what fetch-data wrote
+        if record and record["source"] != "synthetic" and self.config["data"]["source"] == "synthetic":
+            raise self.error(
+                f"{self.data_dir} holds CIFAR-10 (data.source {record['source']}, md5 "
+                f"{record['md5']}), but the config says data.source: synthetic, which would "
+                "replace it with a synthetic set. To train on it, set data.source: "
+                f"{record['source']} in config/config.yaml (as when it was fetched); to replace "
+                f"it on purpose, remove {self.data_dir} first")
+
+    @functools.cached_property
+    def storage(self) -> storage.Estimate:
+        """What the plan will hold under results/ (storage.py)."""
+        return storage.estimate(self.runs.values(), self.packs.values(),
+                                self.config["data"]["source"] != "synthetic",
+                                self.user_model_sizes)
+
+    def local_gpus(self, count_gpus=visible_gpus, environ=os.environ) -> None:
+        """A local run (no --jobs: not profiles/slurm, and outside a Slurm job) whose runs ask
+        more GPUs per node than this machine has stop when their ranks start: say so now, one
+        line per strategy and count. Where no NVIDIA tool tells the count, nothing is said."""
+        if self.jobs_at_once or environ.get("SLURM_JOB_ID"):
+            return
+        wanted = {name: run.strategy_class.gpus_per_node(run.config)
+                  for name, run in self.runs.items() if run.strategy_class.launched}
+        if not any(n > 1 for n in wanted.values()):
+            return
+        count = count_gpus()
+        if count is None:
+            return
+        alike: dict[str, list[str]] = {}  # one line per message: a sweep has many alike
+        for name, gpus in wanted.items():
+            if gpus > count:
+                alike.setdefault(too_few_gpus(self.runs[name].strategy, gpus, count),
+                                 []).append(name)
+        for line, names in alike.items():
+            more = f" (and {len(names) - 1} more alike)" if len(names) > 1 else ""
+            self.log.warning(f"WARNING: run {names[0]}{more}: {line} (nvidia-smi -L; a local "
+                             "run stops there, before NCCL starts; under profiles/slurm each "
+                             "rank gets a GPU of its own)")
+
+    def against_cluster(self, room_of=quota.room, **readers) -> None:
+        """`snakemake -n` says what the plan submits and, where Slurm tells, whether it fits
+        (cluster_checks.py; ``readers``: its limits_of, partitions_of, accounts_of) and
+        whether results: has room for it; refusals stop a run with --jobs
+        (profiles/slurm), else they are warnings. Each job's account is settled here."""
+        packed = {member for pack in self.packs.values() for member in pack.members}
+        units = [p.members for p in self.packs.values()]
+        units += [[name] for name in self.runs if name not in packed]
+        found = check_cluster(self.runs, self.packs, units, self.placement.given,
+                              self.env_gpu, self.jobs_at_once, **readers)
+        if found.fatal:  # refused whoever submits
+            raise self.error(found.fatal[0])
+        self.placement.accounts = found.accounts
+        stored = check_storage(self.storage, self.config["segments"]["keep_weights"],
+                               self.results, room_of)
+        for line in found.lines:
+            self.log.info(line)
+        for warning in found.warnings + stored.warnings:
+            self.log.warning(f"WARNING: {warning}")
+        errors = found.errors + stored.errors
+        if errors and self.jobs_at_once:
+            raise self.error("\n".join(errors))
+        for error in errors:
+            self.log.warning(f"WARNING: {error} (a run through profiles/slurm stops here)")
