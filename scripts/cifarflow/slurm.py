@@ -252,6 +252,25 @@ def workflow_pending(squeue_out: str, workdir: str) -> list[dict]:
     return found
 
 
+# squeue --me, every state it lists (pending, running, completing, suspended): job id,
+# working directory, comment (rule_...), state
+QUEUED_FORMAT = "%i|%Z|%k|%T"
+
+
+def workflow_queued(workdir: str) -> list[dict]:
+    """This workflow's jobs still in the queue (any state squeue lists), that Snakemake
+    submitted (comment rule_...): {"job", "rule", "state"}; [] where Slurm does not answer."""
+    found, mine = [], os.path.realpath(workdir)
+    for line in ask(["squeue", "--me", "-h", "-o", QUEUED_FORMAT]).stdout.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) != 4 or os.path.realpath(parts[1]) != mine:
+            continue
+        job, _, comment, state = parts
+        if comment.startswith("rule_") and state != "COMPLETING":  # leaving already
+            found.append({"job": job, "rule": comment.removeprefix("rule_"), "state": state})
+    return found
+
+
 def earlier_jobs(squeue_out: str, workdir: str, before: float) -> list[dict]:
     """This workflow's pending jobs that Snakemake submitted before ``before`` (unix time):
     an earlier run of the workflow's (Snakemake locks the working directory, so its

@@ -4,7 +4,9 @@ says it submits, and the watches while it trains. A part of the WorkflowPlan. No
 
 from __future__ import annotations
 
+import atexit
 import functools
+import sys
 import json
 import os
 import time
@@ -20,6 +22,7 @@ from ..job.mps_daemon import mps_gpus
 from ..job.tries import INVOCATION
 from ..layout import RunPaths
 from .packs import describe_pack_nodes
+from .leftovers import leave_no_job_behind
 from .pending import PendingWatch
 from .pack_plan import describe_fusion
 from .plan import check_user_models
@@ -32,6 +35,11 @@ ELASTIC_FIELDS = {"world_size", "nodes"}
 # of checkpoint_interval_s: auto, which follows the sweep's size) and which finished weights
 # it keeps on disk (keep_weights: auto becomes last when a sweep grows past a few runs)
 UNTRAINED_FIELDS = {"tensorboard", "checkpoint_interval_s", "keep_weights"}
+
+
+def say_at_exit(line: str) -> None:
+    """A line when the process ends, where Snakemake's logger may be closed already."""
+    print(f"[cifarflow] {line}", file=sys.stderr, flush=True)
 
 
 class MainProcess:
@@ -67,6 +75,8 @@ class MainProcess:
                                           active=on_slurm).start()
         self.progress_watch = watch_progress(self.results, self.chain, self.log.info,
                                              self.config["progress_s"], training)
+        # however it ends (all done, failed, Ctrl-C), none of its jobs stays in the queue
+        atexit.register(lambda: on_slurm() and leave_no_job_behind(workdir, say_at_exit))
 
     def check_results_dir(self) -> None:
         """results: is where every run writes: one line, naming the key, if it cannot be."""
