@@ -157,8 +157,6 @@ class PackOrder(Order):
                           "(pack.per_gpu)", default=1)
     in_step: bool = option("inside the one Slurm step of an MPS-shared pack: start the "
                            "daemon and the members here", default=False)
-    in_task: bool = option("a task of the one Slurm step of a CPU pack: train the member of "
-                           "this task's index (SLURM_PROCID)", default=False)
     # what this try's job got
     threads: int = option("cores per member", default=1)
     budget_min: float = option("time budget in minutes", default=0.0)

@@ -225,6 +225,23 @@ def forget() -> None:
         read.cache_clear()
 
 
+# ---- what the scheduler counts (sdiag): the tests and bench/ measure the workflow by it
+def rpc_counts() -> dict[str, int] | None:
+    """slurmctld's RPC counts by message type since its last reset (sdiag), all clients
+    together; None where sdiag does not answer."""
+    reply = ask(["sdiag"])
+    if not reply.ok:
+        return None
+    block = reply.stdout.partition("by message type")[2].partition("by user")[0]
+    return {name: int(count) for name, count in
+            re.findall(r"^\s*(\w+)\s+\(\s*\d+\)\s+count:(\d+)", block, flags=re.M)}
+
+
+def reset_rpc_counts() -> bool:
+    """sdiag -r (root or SlurmUser only): counts start again from zero."""
+    return ask(["sdiag", "-r"]).ok
+
+
 # ---- this workflow's pending jobs (the controller's watch, a restarted workflow's takeover)
 # squeue --me -t PD: job id, working directory, reason, comment (rule_...), partition,
 # nodes asked, submit time

@@ -55,9 +55,10 @@ class MainProcess:
         how far the plan got while ``training()`` (not a dry run)."""
         environ[INVOCATION] = f"{time.time():.0f}.{os.getpid()}"
         self.main_process = True  # a later search round's specs are written here too
-        from .snakemake_fixes import keep_restarted_jobs_ready
+        from .snakemake_fixes import ask_the_scheduler_once, keep_restarted_jobs_ready
 
         keep_restarted_jobs_ready()  # retried segments are not lost when a checkpoint finishes
+        ask_the_scheduler_once()  # the plugin's constant questions, once
         try:
             self.user_model_sizes = check_user_models(self.runs.values())
         except ValueError as exc:

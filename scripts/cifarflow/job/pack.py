@@ -29,15 +29,13 @@ from .fused_pack import run_fused_pack
 from .members import next_attempt, open_member_log, publish_record, slurm_step, to_train
 from .mps_daemon import mps_dirs, private_daemon
 from .mps_pack import GpuSlots, run_in_one_step, share_gpus_here
-from .pack_step import run_member_task, train_in_one_step
+from .pack_step import train_in_one_step
 
 
 def run_pack(order: PackOrder) -> int:
     """Segment k of the pack's members, as its order says: fused, MPS-shared (in a Slurm
     job, its one step runs the same order again, in_step), or a process each (in a Slurm
     job, CPU members as the tasks of one step: pack_step.py)."""
-    if order.in_task:
-        return run_member_task(order)
     if order.fuse:
         return run_fused_pack(order)
     in_slurm = bool(os.environ.get("SLURM_JOB_ID"))

@@ -1,16 +1,16 @@
 """A CPU pack's members in ONE Slurm step per job (issue 47: a step per member cost the
-scheduler three RPCs each: create, allocation info, complete). The pack's driver starts
-``srun --ntasks=<members>`` of the same order with ``in_task`` set; Slurm places the tasks
-on the allocation's nodes (its cores and memory per task) and each task trains the member
-of its index (SLURM_PROCID): the member's own log, try, checkpoint and exit status, as a
-step of its own gave it. ``--kill-on-bad-exit=0``: a member that fails never ends the
-others; its exit status is written beside the pack's record and read by the driver.
-GPU packs keep a step per member (each its own GPU); MPS-shared and fused packs already
-run one step."""
+scheduler three RPCs each: create, allocation info, complete). The pack's driver writes one
+shell script and starts ``srun --ntasks=<members> sh <script>``; Slurm places the tasks on
+the allocation's nodes (a member's cores and memory each) and each task runs the member of
+its index (SLURM_PROCID): the member's own `cifarflow train` (its order), as one task of
+rank 0, appending to its own log, then its exit status into a file the driver reads. No
+Python stands between the task and the member (its memory counts in the step's), and
+``--kill-on-bad-exit=0``: a member that fails never ends the others. GPU packs keep a step
+per member (each its own GPU); MPS-shared and fused packs already run one step."""
 
 from __future__ import annotations
 
-import os
+import shlex
 import subprocess
 from pathlib import Path
 
@@ -24,53 +24,57 @@ ONE_TASK = {"SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLU
             "SLURM_NPROCS": "1", "SLURM_STEP_NUM_TASKS": "1"}
 
 
-def task_exit_file(order: PackOrder, run: str) -> Path:
-    """Where the task of ``run`` writes its member's exit status."""
-    return Path(order.record).with_name(f"segment-{order.segment}.{run}.exit")
+def step_files(order: PackOrder) -> tuple[Path, Path]:
+    """The step's script and the folder of its members' exit statuses, beside the record."""
+    base = Path(order.record).with_suffix("")
+    return base.with_name(base.name + ".step.sh"), base.with_name(base.name + ".exits")
 
 
-def one_step_argv(order: PackOrder, todo: list[str]) -> list[str]:
-    """The step that trains ``todo``: a task each, with a member's cores and memory."""
-    return ["srun", f"--ntasks={len(todo)}", f"--cpus-per-task={order.threads}",
+def step_script(order: PackOrder, members: list[tuple[str, int]]) -> str:
+    """Task i runs member i (its name, its attempt) and writes its exit status."""
+    _, exits = step_files(order)
+    one_task = " ".join(f"{k}={v}" for k, v in ONE_TASK.items())
+    lines = ["#!/bin/sh", "# written by cifarflow train-pack: one task per member",
+             'case "$SLURM_PROCID" in']
+    for i, (run, attempt) in enumerate(members):
+        paths = RunPaths(order.results, run)
+        log = shlex.quote(paths.attempt_log(order.segment, attempt))
+        train = shlex.join(order.member(run, attempt).command())
+        lines += [f"  {i})", f'    echo "[pack {order.pack}] {run}: task $SLURM_PROCID of step '
+                  f'$SLURM_JOB_ID.$SLURM_STEP_ID on $(hostname)" >> {log}',
+                  f"    {one_task} {train} >> {log} 2>&1",
+                  f"    echo $? > {shlex.quote(str(exits / run))} ;;"]
+    return "\n".join(lines + ["esac", ""])
+
+
+def one_step_argv(order: PackOrder, count: int) -> list[str]:
+    """The step: a task per member, each a member's cores and memory."""
+    script, _ = step_files(order)
+    return ["srun", f"--ntasks={count}", f"--cpus-per-task={order.threads}",
             f"--mem-per-cpu={order.mem_per_cpu}", "--kill-on-bad-exit=0",
-            f"--job-name={order.pack}",
-            *order.replace(members=tuple(todo), in_task=True).command()]
-
-
-def run_member_task(order: PackOrder, environ=os.environ) -> int:
-    """In the step: the member of this task's index, as its own `cifarflow train`."""
-    run = order.members[int(environ["SLURM_PROCID"])]
-    paths = RunPaths(order.results, run)
-    attempt = next_attempt(paths, order.segment)
-    with open_member_log(paths, order.segment, attempt) as out:
-        out.write(f"[pack {order.pack}] {run}: task {environ['SLURM_PROCID']} of step "
-                  f"{environ.get('SLURM_JOB_ID')}.{environ.get('SLURM_STEP_ID', '?')} on "
-                  f"{os.uname().nodename}\n")
-        out.flush()
-        code = subprocess.call(order.member(run, attempt).command(), stdout=out,
-                               stderr=subprocess.STDOUT, env={**environ, **ONE_TASK})
-    task_exit_file(order, run).parent.mkdir(parents=True, exist_ok=True)
-    task_exit_file(order, run).write_text(f"{attempt} {code}\n")
-    return code
+            f"--job-name={order.pack}", "sh", str(script)]
 
 
 def train_in_one_step(order: PackOrder, todo: list[str]) -> dict[str, tuple[int, int]]:
-    """Run the step; each member's (attempt, exit status): a task that wrote none (killed
+    """Run the step; each member's (attempt, exit status): one that wrote none (killed
     with its step) failed with the step's status."""
+    members = []
+    for run in todo:  # each member's log of this try, and segment-<k>.log pointing at it
+        attempt = next_attempt(RunPaths(order.results, run), order.segment)
+        open_member_log(RunPaths(order.results, run), order.segment, attempt).close()
+        members.append((run, attempt))
+    script, exits = step_files(order)
+    exits.mkdir(parents=True, exist_ok=True)
     for run in todo:
-        task_exit_file(order, run).unlink(missing_ok=True)
-    argv = one_step_argv(order, todo)
-    print(f"[pack {order.pack}] segment {order.segment}: {len(todo)} member(s) in one Slurm "
-          f"step: {' '.join(argv[:6])} ...", flush=True)
+        (exits / run).unlink(missing_ok=True)
+    script.write_text(step_script(order, members))
+    argv = one_step_argv(order, len(members))
+    print(f"[pack {order.pack}] segment {order.segment}: {len(members)} member(s) as the "
+          f"tasks of one Slurm step: {' '.join(argv)}", flush=True)
     code = subprocess.call(argv)
     ended = {}
-    for run in todo:
-        written = task_exit_file(order, run)
-        if written.is_file():
-            attempt, status = map(int, written.read_text().split())
-            written.unlink()
-        else:
-            attempt, status = next_attempt(RunPaths(order.results, run), order.segment) - 1, \
-                code or 1
-        ended[run] = (attempt, status)
+    for run, attempt in members:
+        written = exits / run
+        status = written.read_text().strip() if written.is_file() else ""
+        ended[run] = (attempt, int(status) if status.lstrip("-").isdigit() else code or 1)
     return ended
