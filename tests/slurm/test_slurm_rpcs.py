@@ -58,13 +58,12 @@ def test_a_packed_sweep_costs_one_step_per_pack_job_and_reads_the_cluster_once(t
                            capture_output=True, text=True, check=True).stdout.split()
     numbered = Counter(s.split(".")[0] for s in steps if "." in s and s.split(".")[1].isdigit())
     assert {job: numbered[job] for job in jobs} == {job: 1 for job in jobs}, numbered
-    assert Counter(job for job, call in made if call.startswith("srun ")) == \
+    assert Counter(job for job, call in made if call.startswith("srun ") and job in jobs) == \
         {job: 1 for job in jobs}
     # the plan asks the cluster once per controller process: its config, partitions, nodes,
     # the user's accounts and limits
     controller = Counter(call for job, call in made if job == "-")
-    for read in ("scontrol show config", "scontrol -a -o show partition",
-                 "scontrol -a -o show node"):
+    for read in ("scontrol -a -o show partition", "scontrol -a -o show node"):
         assert controller[read] <= 1, (read, controller)
     assert sum(n for call, n in controller.items() if call.startswith("sacctmgr")) <= 4, controller
     # and so does the executor plugin, through snakemake_fixes.ask_the_scheduler_once: its
