@@ -225,6 +225,23 @@ def forget() -> None:
         read.cache_clear()
 
 
+# ---- what the scheduler counts (sdiag): the tests and bench/ measure the workflow by it
+def rpc_counts() -> dict[str, int] | None:
+    """slurmctld's RPC counts by message type since its last reset (sdiag), all clients
+    together; None where sdiag does not answer."""
+    reply = ask(["sdiag"])
+    if not reply.ok:
+        return None
+    block = reply.stdout.partition("by message type")[2].partition("by user")[0]
+    return {name: int(count) for name, count in
+            re.findall(r"^\s*(\w+)\s+\(\s*\d+\)\s+count:(\d+)", block, flags=re.M)}
+
+
+def reset_rpc_counts() -> bool:
+    """sdiag -r (root or SlurmUser only): counts start again from zero."""
+    return ask(["sdiag", "-r"]).ok
+
+
 # ---- this workflow's pending jobs (the controller's watch, a restarted workflow's takeover)
 # squeue --me -t PD: job id, working directory, reason, comment (rule_...), partition,
 # nodes asked, submit time
@@ -249,6 +266,25 @@ def workflow_pending(squeue_out: str, workdir: str) -> list[dict]:
                       "rule": comment.removeprefix("rule_") if comment != "(null)" else "",
                       "nodes": nodes if nodes != "(null)" else "",
                       "submitted": _timestamp(submitted)})
+    return found
+
+
+# squeue --me, every state it lists (pending, running, completing, suspended): job id,
+# working directory, comment (rule_...), state
+QUEUED_FORMAT = "%i|%Z|%k|%T"
+
+
+def workflow_queued(workdir: str) -> list[dict]:
+    """This workflow's jobs still in the queue (any state squeue lists), that Snakemake
+    submitted (comment rule_...): {"job", "rule", "state"}; [] where Slurm does not answer."""
+    found, mine = [], os.path.realpath(workdir)
+    for line in ask(["squeue", "--me", "-h", "-o", QUEUED_FORMAT]).stdout.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) != 4 or os.path.realpath(parts[1]) != mine:
+            continue
+        job, _, comment, state = parts
+        if comment.startswith("rule_") and state != "COMPLETING":  # leaving already
+            found.append({"job": job, "rule": comment.removeprefix("rule_"), "state": state})
     return found
 
 

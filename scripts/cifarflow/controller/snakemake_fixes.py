@@ -1,4 +1,5 @@
-"""A fix for Snakemake itself, applied by the workflow's main process (workflow.py).
+"""Fixes for Snakemake itself and its Slurm executor plugin, applied by the workflow's main
+process (main_process.py).
 
 Snakemake 9 (seen with 9.27.1) loses a job it restarts (``--retries``, the Slurm profile's
 ``retries: 2``) when a checkpoint finishes before the restart is scheduled: the restarted
@@ -26,3 +27,27 @@ def keep_restarted_jobs_ready() -> None:
 
     _handle_error.cifarflow_fix = True
     JobScheduler._handle_error = _handle_error
+
+
+def ask_the_scheduler_once() -> None:
+    """The Slurm executor plugin (2.8) asks the controller again what does not change while a
+    workflow runs: ``scontrol show config`` (MinJobAge) at every status check, and
+    ``sacctmgr list user`` (the account's check) at every submission; each `scontrol show
+    config` is two RPCs (the configuration and a ping). Asked once per process here: the
+    first answer is kept (issue 47; tests/slurm/test_slurm_rpcs.py counts them)."""
+    import snakemake_executor_plugin_slurm as plugin
+
+    for name in ("get_min_job_age", "validate_account"):
+        original = getattr(plugin, name, None)
+        if original is None or getattr(original, "cifarflow_fix", False):
+            continue
+        answers: dict = {}
+
+        def once(*args, _original=original, _answers=answers, **kwargs):
+            key = args[:1]  # the account (its logger is not part of the question)
+            if key not in _answers:
+                _answers[key] = _original(*args, **kwargs)
+            return _answers[key]
+
+        once.cifarflow_fix = True
+        setattr(plugin, name, once)

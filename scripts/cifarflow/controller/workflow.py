@@ -18,6 +18,7 @@ Functions a rule calls take Snakemake's arguments by name (``wildcards``, ``inpu
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import re
@@ -31,6 +32,7 @@ from ..job.tries import INVOCATION
 from ..layout import data_dir
 from .checks import PlanChecks
 from .describe import plan_lines
+from .leftovers import leave_no_job_behind
 from .outputs import Outputs
 from .pack_plan import Pack, plan_packs
 from .pack_rules import PackRules
@@ -115,9 +117,10 @@ class WorkflowPlan:
         and say how far the plan got while ``training()`` (not a dry run)."""
         environ[INVOCATION] = f"{time.time():.0f}.{os.getpid()}"
         self.main_process = True  # a later search round's specs are written here too
-        from .snakemake_fixes import keep_restarted_jobs_ready
+        from .snakemake_fixes import ask_the_scheduler_once, keep_restarted_jobs_ready
 
         keep_restarted_jobs_ready()  # retried segments are not lost when a checkpoint finishes
+        ask_the_scheduler_once()  # the plugin's constant questions, once
         self.checks.user_models()
         self.checks.results_dir()
         self.checks.kept_data()
@@ -132,6 +135,8 @@ class WorkflowPlan:
                                           active=on_slurm).start()
         self.progress_watch = watch_progress(self.results, self.chain, self.log.info,
                                              self.config["progress_s"], training)
+        # however it ends (all done, failed, Ctrl-C), none of its jobs stays in the queue
+        atexit.register(lambda: on_slurm() and leave_no_job_behind(workdir))
 
     def announce(self) -> None:
         """Say what the plan submits: pruning, packing, the search, storage (describe.py)."""

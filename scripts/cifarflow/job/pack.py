@@ -29,11 +29,13 @@ from .fused_pack import run_fused_pack
 from .members import next_attempt, open_member_log, publish_record, slurm_step, to_train
 from .mps_daemon import mps_dirs, private_daemon
 from .mps_pack import GpuSlots, run_in_one_step, share_gpus_here
+from .pack_step import train_in_one_step
 
 
 def run_pack(order: PackOrder) -> int:
     """Segment k of the pack's members, as its order says: fused, MPS-shared (in a Slurm
-    job, its one step runs the same order again, in_step), or a process each."""
+    job, its one step runs the same order again, in_step), or a process each (in a Slurm
+    job, CPU members as the tasks of one step: pack_step.py)."""
     if order.fuse:
         return run_fused_pack(order)
     in_slurm = bool(os.environ.get("SLURM_JOB_ID"))
@@ -56,9 +58,15 @@ def train_members(order: PackOrder, slots: int, steps: bool, shared: GpuSlots | 
     """Each member as its own process (a Slurm step of its own where ``steps``), ``slots``
     at once and, on GPUs ``shared`` through MPS, where ``shared`` has room."""
     pack, k = order.pack, order.segment
-    print(f"[pack {pack}] segment {k}: {len(order.members)} member(s), "
-          f"{'one Slurm step each' if steps else f'{slots} at a time'}", flush=True)
+    one_step = steps and not order.gpus  # CPU members: the tasks of one step
+    how = "one Slurm step" if one_step else "one Slurm step each" if steps else \
+        f"{slots} at a time"
+    print(f"[pack {pack}] segment {k}: {len(order.members)} member(s), {how}", flush=True)
     report, waiting = to_train(pack, k, order.members, order.results, order.until_epoch)
+    if one_step and waiting:
+        for run, (attempt, code) in train_in_one_step(order, waiting).items():
+            report[run] = ended_member(order, run, attempt, code)
+        waiting = []
     running = {}
     while waiting or running:
         while waiting and len(running) < slots and (shared is None or shared.free()):
@@ -89,18 +97,25 @@ def train_members(order: PackOrder, slots: int, steps: bool, shared: GpuSlots | 
             del running[run]
             if place:
                 shared.give(place[0])
-            entry = {"trained": True, "exit": code, "attempt": attempt}
-            if code == 0:
-                manifest = read_manifest(Path(RunPaths(order.results, run).segment(k)),
-                                         verify=False)
-                entry.update(done=manifest["done"], epoch=manifest["epoch"])
-                print(f"[pack {pack}] {run}: finished, epoch {manifest['epoch']}"
-                      f"{' (done)' if manifest['done'] else ' (to be continued)'}", flush=True)
-            else:
-                tail = attempt_log.read_text(errors="replace").strip().splitlines()[-1:]
-                print(f"[pack {pack}] {run}: FAILED with exit status {code} ({attempt_log}"
-                      f"{': ' + tail[0] if tail else ''})", flush=True)
-            report[run] = entry
+            report[run] = ended_member(order, run, attempt, code)
         if running:
             time.sleep(0.2)
     return publish_record(pack, k, list(order.members), report, Path(order.record))
+
+
+def ended_member(order: PackOrder, run: str, attempt: int, code: int) -> dict:
+    """A member's entry in the pack's record, said in one line: its epoch where it
+    published, its log's last line where it failed."""
+    pack, k, paths = order.pack, order.segment, RunPaths(order.results, run)
+    entry = {"trained": True, "exit": code, "attempt": attempt}
+    if code == 0:
+        manifest = read_manifest(Path(paths.segment(k)), verify=False)
+        entry.update(done=manifest["done"], epoch=manifest["epoch"])
+        print(f"[pack {pack}] {run}: finished, epoch {manifest['epoch']}"
+              f"{' (done)' if manifest['done'] else ' (to be continued)'}", flush=True)
+    else:
+        log = Path(paths.attempt_log(k, attempt))
+        tail = log.read_text(errors="replace").strip().splitlines()[-1:] if log.is_file() else []
+        print(f"[pack {pack}] {run}: FAILED with exit status {code} ({log}"
+              f"{': ' + tail[0] if tail else ''})", flush=True)
+    return entry

@@ -1,0 +1,70 @@
+"""What a packed sweep costs the scheduler, as slurmctld counts it (sdiag, reset first), on
+the test cluster (tests/slurm/cluster.sh): RPCs in all, per submitted job and per minute, by
+type. Run it on a quiet cluster (nothing else submitting or querying), as root:
+
+    .venv/bin/python bench/scheduler_rpcs.py [--checkout DIR] [--runs 24] [--per-job 2]
+
+--checkout runs another checkout's workflow (e.g. a git worktree of an older commit) for a
+before/after pair on the same cluster. Prints one JSON line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(HERE / "scripts"))
+
+from cifarflow import slurm  # noqa: E402
+
+SWEEP = """strategies: [cpu]
+data:
+  source: synthetic
+  synthetic: {{train_size: 2000, test_size: 400, seed: 0, noise: 0.35}}
+train: {{epochs: 2, batch_size: 100, log_interval_s: 5}}
+segments: {{count: 2}}
+resources: {{cpus_per_task: 1, mem_mb: 1000, runtime: 10}}
+sweep: {{lr: {lrs}}}
+pack: {{runs_per_job: {per_job}}}
+"""
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--checkout", type=Path, default=HERE)
+    p.add_argument("--runs", type=int, default=24)
+    p.add_argument("--per-job", type=int, default=2)
+    a = p.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="cifarflow-rpcs-"))
+    config = work / "sweep.yaml"
+    config.write_text(SWEEP.format(lrs=[round(0.01 * (i + 1), 4) for i in range(a.runs)],
+                                   per_job=a.per_job))
+    env = {**os.environ, "PYTHONPATH": str(a.checkout / "scripts"),
+           "SLURM_ACCOUNT": os.environ.get("SLURM_ACCOUNT", "def-cifar")}
+    cmd = [str(Path(sys.executable).parent / "snakemake"), "-s", str(a.checkout / "Snakefile"),
+           "--directory", str(work), "--configfile", str(config), "--profile",
+           str(a.checkout / "profiles" / "slurm")]
+    assert slurm.reset_rpc_counts(), "sdiag -r failed (run as root, the cluster up)"
+    t0 = time.time()
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    minutes = (time.time() - t0) / 60
+    counts = slurm.rpc_counts() or {}
+    if out.returncode != 0:
+        sys.exit(out.stderr[-3000:])
+    jobs = counts.get("REQUEST_SUBMIT_BATCH_JOB", 0)
+    total = sum(counts.values())
+    print(json.dumps({"checkout": str(a.checkout), "runs": a.runs, "per_job": a.per_job,
+                      "submitted": jobs, "rpcs": total, "minutes": round(minutes, 1),
+                      "per_job_rpcs": round(total / max(jobs, 1), 1),
+                      "per_minute": round(total / minutes, 1),
+                      "by_type": dict(sorted(counts.items(), key=lambda kv: -kv[1]))}))
+
+
+if __name__ == "__main__":
+    main()

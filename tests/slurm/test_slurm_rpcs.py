@@ -1,0 +1,75 @@
+"""Gentle on the scheduler, as the scheduler counts it: a packed sweep (12 one-core runs in
+packs of 2, 2 segments: 12 pack jobs and the environment record), its RPCs counted by
+slurmctld itself (sdiag, reset first) and every Slurm command of the workflow's processes
+counted by wrappers first on PATH (the controller, the plugin, the jobs). Asserted: what
+does not depend on timing (submissions, one job step per pack job, the plan's cluster reads
+once per controller); the figures per job go to bench/README.md (bench/scheduler_rpcs.py)."""
+
+import os
+import shutil
+import subprocess
+from collections import Counter
+
+import pytest
+
+from conftest import sweep_config, summary_rows
+from cifarflow import slurm
+from test_slurm import slurm as run_slurm
+
+pytestmark = pytest.mark.slurm
+CLIENTS = ("sbatch", "srun", "squeue", "sacct", "sacctmgr", "scontrol", "sinfo", "scancel")
+
+
+def counting_path(tmp_path) -> tuple[dict, callable]:
+    """Wrappers of Slurm's clients first on PATH, each call logged with the job it ran in
+    ('-' for the controller); returns the env and a reader of the log."""
+    wrappers, log = tmp_path / "counted-bin", tmp_path / "slurm-calls.log"
+    wrappers.mkdir()
+    for name in CLIENTS:
+        (wrappers / name).write_text(f'#!/bin/sh\necho "${{SLURM_JOB_ID:--}}|{name} $*" >> {log}\n'
+                                     f'exec {shutil.which(name)} "$@"\n')
+        (wrappers / name).chmod(0o755)
+
+    def calls() -> list[tuple[str, str]]:
+        return [tuple(line.split("|", 1)) for line in log.read_text().splitlines()]
+
+    return {"PATH": f"{wrappers}:{os.environ['PATH']}"}, calls
+
+
+def test_a_packed_sweep_costs_one_step_per_pack_job_and_reads_the_cluster_once(tmp_path):
+    config = sweep_config(tmp_path / "sweep.yaml", runs=12, runs_per_job=2, mem_mb=1000)
+    env, calls = counting_path(tmp_path)
+    assert slurm.reset_rpc_counts()
+    out = run_slurm(tmp_path, configfile=config, env=env)
+    counts = slurm.rpc_counts()
+    rows = summary_rows(tmp_path)
+    assert len(rows) == 12 and {r["status"] for r in rows.values()} == {"ok"}
+    print("\nsdiag after the sweep:", dict(sorted(counts.items())))
+    made = calls()
+    by_command = Counter(call.split()[0] + " " + (call.split() + [""])[1] for _, call in made)
+    print("Slurm commands of the workflow's processes:", dict(by_command.most_common()))
+    # 6 packs x 2 segments, and record_environment: nothing else is submitted
+    jobs = {job for row in rows.values() for job in row["slurm_job_ids"].split()}
+    assert len(jobs) == 12
+    assert sum(1 for _, call in made if call.startswith("sbatch ")) == 13
+    assert counts["REQUEST_SUBMIT_BATCH_JOB"] >= 13  # this sweep's, and nothing of ours more
+    # one job step per pack job (its members are the tasks of that step), one srun each
+    steps = subprocess.run(["sacct", "-n", "-P", "-j", ",".join(sorted(jobs)), "-o", "JobID"],
+                           capture_output=True, text=True, check=True).stdout.split()
+    numbered = Counter(s.split(".")[0] for s in steps if "." in s and s.split(".")[1].isdigit())
+    assert {job: numbered[job] for job in jobs} == {job: 1 for job in jobs}, numbered
+    assert Counter(job for job, call in made if call.startswith("srun ") and job in jobs) == \
+        {job: 1 for job in jobs}
+    # the plan asks the cluster once per controller process: its config, partitions, nodes,
+    # the user's accounts and limits
+    controller = Counter(call for job, call in made if job == "-")
+    for read in ("scontrol -a -o show partition", "scontrol -a -o show node"):
+        assert controller[read] <= 1, (read, controller)
+    assert sum(n for call, n in controller.items() if call.startswith("sacctmgr")) <= 4, controller
+    # and so does the executor plugin, through snakemake_fixes.ask_the_scheduler_once: its
+    # MinJobAge (at every status check: 21 here before) and its account check (at every
+    # sbatch: 13), once; what is left: ours, and the plugin's while Snakemake parses its
+    # command line, before the workflow is read (each job's Snakemake asks the same twice)
+    assert controller["scontrol show config"] <= 5, controller
+    assert controller[f"sacctmgr -n -s list user {os.environ.get('USER', 'root')} "
+                      "format=account%256"] <= 1, controller
