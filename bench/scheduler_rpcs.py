@@ -21,7 +21,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(HERE / "scripts"))
 
-from cifarflow import slurm  # noqa: E402
+from cifarflow import slurm_queue  # noqa: E402
 
 SWEEP = """strategies: [cpu]
 data:
@@ -50,11 +50,11 @@ def main() -> None:
     cmd = [str(Path(sys.executable).parent / "snakemake"), "-s", str(a.checkout / "Snakefile"),
            "--directory", str(work), "--configfile", str(config), "--profile",
            str(a.checkout / "profiles" / "slurm")]
-    assert slurm.reset_rpc_counts(), "sdiag -r failed (run as root, the cluster up)"
+    assert slurm_queue.reset_rpc_counts(), "sdiag -r failed (run as root, the cluster up)"
     t0 = time.time()
     out = subprocess.run(cmd, env=env, capture_output=True, text=True)
     minutes = (time.time() - t0) / 60
-    counts = slurm.rpc_counts() or {}
+    counts = slurm_queue.rpc_counts() or {}
     if out.returncode != 0:
         sys.exit(out.stderr[-3000:])
     jobs = counts.get("REQUEST_SUBMIT_BATCH_JOB", 0)

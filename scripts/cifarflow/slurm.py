@@ -63,7 +63,7 @@ def fields(text: str) -> dict:
     return found
 
 
-def _timestamp(text: str) -> float | None:
+def timestamp(text: str) -> float | None:
     try:
         return datetime.fromisoformat(text.strip()).timestamp()
     except ValueError:  # N/A, Unknown, empty
@@ -76,8 +76,8 @@ def job_times(job: str) -> tuple[float | None, float | None]:
     its submission and its start), in one squeue call; None where unknown."""
     reply = ask(["squeue", "-h", "-j", job, "-o", "%e|%V|%S"])
     end, submit, start = (reply.stdout.strip().split("|") + ["", "", ""])[:3]
-    waited = _timestamp(submit), _timestamp(start)
-    return _timestamp(end), waited[1] - waited[0] if None not in waited else None
+    waited = timestamp(submit), timestamp(start)
+    return timestamp(end), waited[1] - waited[0] if None not in waited else None
 
 
 def job_end_time(job: str) -> float | None:
@@ -223,74 +223,3 @@ def forget() -> None:
     """Ask the cluster again (the cached reads above): for tests that change it."""
     for read in (cluster_config, records, submit_limits, user_accounts):
         read.cache_clear()
-
-
-# ---- what the scheduler counts (sdiag): the tests and bench/ measure the workflow by it
-def rpc_counts() -> dict[str, int] | None:
-    """slurmctld's RPC counts by message type since its last reset (sdiag), all clients
-    together; None where sdiag does not answer."""
-    reply = ask(["sdiag"])
-    if not reply.ok:
-        return None
-    block = reply.stdout.partition("by message type")[2].partition("by user")[0]
-    return {name: int(count) for name, count in
-            re.findall(r"^\s*(\w+)\s+\(\s*\d+\)\s+count:(\d+)", block, flags=re.M)}
-
-
-def reset_rpc_counts() -> bool:
-    """sdiag -r (root or SlurmUser only): counts start again from zero."""
-    return ask(["sdiag", "-r"]).ok
-
-
-# ---- this workflow's pending jobs (the controller's watch, a restarted workflow's takeover)
-# squeue --me -t PD: job id, working directory, reason, comment (rule_...), partition,
-# nodes asked, submit time
-PENDING_FORMAT = "%i|%Z|%r|%k|%P|%n|%V"
-
-
-def squeue_pending() -> str:
-    return pending_jobs(PENDING_FORMAT)
-
-
-def workflow_pending(squeue_out: str, workdir: str) -> list[dict]:
-    """This workflow's pending jobs (`squeue --me -t PD -o PENDING_FORMAT`): those whose
-    working directory is the workflow's."""
-    found, mine = [], os.path.realpath(workdir)
-    for line in squeue_out.splitlines():
-        parts = line.strip().split("|")
-        if len(parts) != 7 or os.path.realpath(parts[1]) != mine:
-            continue
-        job, _, reason, comment, partition, nodes, submitted = parts
-        found.append({"job": job, "reason": reason, "partition": partition,
-                      "snakemake": comment.startswith("rule_"),  # the plugin's comment
-                      "rule": comment.removeprefix("rule_") if comment != "(null)" else "",
-                      "nodes": nodes if nodes != "(null)" else "",
-                      "submitted": _timestamp(submitted)})
-    return found
-
-
-# squeue --me, every state it lists (pending, running, completing, suspended): job id,
-# working directory, comment (rule_...), state
-QUEUED_FORMAT = "%i|%Z|%k|%T"
-
-
-def workflow_queued(workdir: str) -> list[dict]:
-    """This workflow's jobs still in the queue (any state squeue lists), that Snakemake
-    submitted (comment rule_...): {"job", "rule", "state"}; [] where Slurm does not answer."""
-    found, mine = [], os.path.realpath(workdir)
-    for line in ask(["squeue", "--me", "-h", "-o", QUEUED_FORMAT]).stdout.splitlines():
-        parts = line.strip().split("|")
-        if len(parts) != 4 or os.path.realpath(parts[1]) != mine:
-            continue
-        job, _, comment, state = parts
-        if comment.startswith("rule_") and state != "COMPLETING":  # leaving already
-            found.append({"job": job, "rule": comment.removeprefix("rule_"), "state": state})
-    return found
-
-
-def earlier_jobs(squeue_out: str, workdir: str, before: float) -> list[dict]:
-    """This workflow's pending jobs that Snakemake submitted before ``before`` (unix time):
-    an earlier run of the workflow's (Snakemake locks the working directory, so its
-    controller is gone)."""
-    return [j for j in workflow_pending(squeue_out, workdir)
-            if j["snakemake"] and j["submitted"] is not None and j["submitted"] < before]

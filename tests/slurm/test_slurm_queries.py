@@ -19,7 +19,7 @@ from cifarflow import slurm
 from cifarflow.job import tries
 from cifarflow.results.aggregate import aggregate
 from cifarflow.controller.pending import PendingWatch
-from cifarflow.slurm import squeue_pending, workflow_pending
+from cifarflow.slurm_queue import squeue_pending, workflow_pending
 from alliance import CPU_ACCOUNT
 
 pytestmark = pytest.mark.slurm

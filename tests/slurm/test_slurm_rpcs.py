@@ -13,7 +13,7 @@ from collections import Counter
 import pytest
 
 from conftest import sweep_config, summary_rows
-from cifarflow import slurm
+from cifarflow import slurm_queue
 from test_slurm import slurm as run_slurm
 
 pytestmark = pytest.mark.slurm
@@ -39,9 +39,9 @@ def counting_path(tmp_path) -> tuple[dict, callable]:
 def test_a_packed_sweep_costs_one_step_per_pack_job_and_reads_the_cluster_once(tmp_path):
     config = sweep_config(tmp_path / "sweep.yaml", runs=12, runs_per_job=2, mem_mb=1000)
     env, calls = counting_path(tmp_path)
-    assert slurm.reset_rpc_counts()
+    assert slurm_queue.reset_rpc_counts()
     out = run_slurm(tmp_path, configfile=config, env=env)
-    counts = slurm.rpc_counts()
+    counts = slurm_queue.rpc_counts()
     rows = summary_rows(tmp_path)
     assert len(rows) == 12 and {r["status"] for r in rows.values()} == {"ok"}
     print("\nsdiag after the sweep:", dict(sorted(counts.items())))

@@ -14,7 +14,7 @@ from conftest import assert_bit_identical, cli, snakemake, state_of
 from cifarflow.engine import checkpoint as ckpt
 from cifarflow.job import takeover
 from cifarflow.job import tries
-from cifarflow.slurm import PENDING_FORMAT
+from cifarflow.slurm_queue import PENDING_FORMAT
 from alliance import CPU_ACCOUNT
 from test_slurm import CONFIG, job_state, slurm, start_long_segment, submitted
 

@@ -2,7 +2,7 @@
 working directory that Snakemake submitted and that squeue still lists are cancelled in one
 scancel, each named; where scancel fails, the line says how to do it by hand."""
 
-from cifarflow import slurm
+from cifarflow import slurm, slurm_queue
 from cifarflow.controller.leftovers import leave_no_job_behind
 
 
@@ -19,7 +19,7 @@ def test_this_workflows_jobs_left_in_the_queue_are_found_by_folder_and_comment(
                 "43|{here}|(null)|RUNNING\n"                  # not Snakemake's: the controller
                 "44|{here}|rule_train_pack_wildcards_p_2|RUNNING\n"
                 "45|{here}|rule_aggregate|COMPLETING\n")     # on its way out already
-    assert slurm.workflow_queued(str(tmp_path)) == [
+    assert slurm_queue.workflow_queued(str(tmp_path)) == [
         {"job": "41", "rule": "train_cpu_wildcards_cpu_1", "state": "PENDING"},
         {"job": "44", "rule": "train_pack_wildcards_p_2", "state": "RUNNING"}]
 

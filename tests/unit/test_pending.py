@@ -4,7 +4,7 @@ maintenance ends: named with the reservation's end, no scancel). Real squeue rea
 real `scontrol -o show reservation` line of the test cluster."""
 
 from cifarflow.controller.pending import PendingWatch, maintenance_of, stuck_jobs
-from cifarflow.slurm import workflow_pending
+from cifarflow.slurm_queue import workflow_pending
 from cifarflow.slurm import fields
 
 RESERVATION = fields(

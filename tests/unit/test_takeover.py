@@ -11,7 +11,7 @@ import pytest
 from cifarflow.job import takeover
 
 from cifarflow.job import tries
-from cifarflow.slurm import PENDING_FORMAT, earlier_jobs
+from cifarflow.slurm_queue import PENDING_FORMAT, earlier_jobs
 from cifarflow.job.takeover import (Patience, Reach, Superseded, backoff, cancel_earlier_pending,
                                 open_tries, take_over)
 

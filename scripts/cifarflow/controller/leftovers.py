@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from typing import Callable
 
-from .. import slurm
+from .. import slurm, slurm_queue
 
 
 def say_at_exit(line: str) -> None:
@@ -21,7 +21,7 @@ def say_at_exit(line: str) -> None:
 
 
 def leave_no_job_behind(workdir: str, say: Callable[[str], None] = say_at_exit,
-                        queued=slurm.workflow_queued, cancel=slurm.cancel) -> list[str]:
+                        queued=slurm_queue.workflow_queued, cancel=slurm.cancel) -> list[str]:
     """Cancel this workflow's jobs Slurm still lists; their ids (one line says which)."""
     left = queued(workdir)
     if not left:

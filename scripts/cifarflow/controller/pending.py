@@ -12,7 +12,7 @@ import threading
 from typing import Callable
 
 from .. import slurm
-from ..slurm import squeue_pending, workflow_pending
+from ..slurm_queue import squeue_pending, workflow_pending
 from .partitions import expand_hostlist
 
 # squeue reasons a job keeps until someone changes it, the partition or the cluster

@@ -26,7 +26,7 @@ from typing import Callable
 
 from .. import slurm
 from ..jobfacts import job_id
-from ..slurm import earlier_jobs, squeue_pending
+from ..slurm_queue import earlier_jobs, squeue_pending
 from .tries import INVOCATION, read
 
 WAIT_S = 600  # the longest a cancelled try may take to checkpoint and end
