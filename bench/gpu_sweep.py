@@ -107,8 +107,11 @@ def run_case(case: str, device: str, batches: Path, args) -> dict:
         images_per_sec = statistics.mean(steady(results, run) for run in runs)
     elif kind == "mps":
         lines = [" ".join(train_argv(results, batches, run, max(1, args.threads // count)))
-                 + " > /dev/null &" for run in runs]
-        script = "\n".join(lines + ["wait"])
+                 + " > /dev/null & pids+=($!)" for run in runs]
+        # each member's exit code, not only the last's: a failed member fails the case
+        script = "\n".join(["pids=()", *lines, "failed=0",
+                            'for p in "${pids[@]}"; do wait "$p" || failed=1; done',
+                            "exit $failed"])
         prefix = ([sys.executable, "-m", "cifarflow", "mps-run", "--replicas", str(count), "--"]
                   if device == "cuda" else [])
         subprocess.run(prefix + ["bash", "-c", script], env=ENV, check=True)
