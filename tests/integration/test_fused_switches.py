@@ -15,14 +15,7 @@ from cifarflow.engine import fused_train
 from cifarflow.engine.fused_train import fused_group, process_switches
 
 
-@pytest.fixture(autouse=True)
-def restore_global_switches():
-    saved = (torch.are_deterministic_algorithms_enabled(),
-             torch.is_deterministic_algorithms_warn_only_enabled(),
-             torch.utils.deterministic.fill_uninitialized_memory)
-    yield
-    torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
-    torch.utils.deterministic.fill_uninitialized_memory = saved[2]
+pytestmark = pytest.mark.usefixtures("deterministic_switches_restored")
 
 
 def member(run: str, **train) -> TrainConfig:
