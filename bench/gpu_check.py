@@ -35,6 +35,7 @@ import json  # noqa: E402
 import os  # noqa: E402
 import shutil  # noqa: E402
 import sys  # noqa: E402
+import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 BENCH = Path(__file__).resolve().parent
@@ -84,19 +85,26 @@ def run_case(case: Case, report: Report, budget: Budget, env: dict, out: Path,
     if case.missing:
         report.add({**row, "result": f"FAILED: not run: {case.missing}", "wall_s": 0.0})
         return True
-    limit = budget.limit(case.cap_s)
-    if limit < MIN_CASE_S:
+    if budget.limit(case.cap_s) < MIN_CASE_S:
         report.add({**row, "result": f"FAILED: not run: budget spent ({budget.left():.0f} s "
                     "left)", "wall_s": 0.0})
         return True
-    argv = [str(a) for a in case.argv()]
     row["ran"] = case.ran
+    try:
+        argv = [str(a) for a in case.argv()]  # a strategy's planning and data: budget time
+    except Exception as exc:  # noqa: BLE001  (its plan refused, its data not made)
+        report.add({**row, "result": f"FAILED: not started: {type(exc).__name__}: {exc}",
+                    "wall_s": 0.0})
+        return True
+    limit = max(0.1, budget.limit(case.cap_s))
     log = out / "logs" / f"{case.stage}-{case.slug}.log"
-    tmp = out / "tmp" / case.slug  # the case's own TMPDIR: an MPS daemon's pipes go here
-    tmp.mkdir(parents=True, exist_ok=True)
+    # the case's own TMPDIR, short (an MPS daemon's pipes go there: a socket path has 108
+    # characters at most), removed after it
+    tmp = tempfile.mkdtemp(prefix="gpu_check-")
     print(f"--- {case.stage}: {case.name} (limit {limit:.0f} s): {' '.join(argv)}", flush=True)
     sampler = None if smoke else gpu_use()
-    outcome = run_bounded(argv, log, {**env, "TMPDIR": str(tmp)}, limit, ROOT)
+    outcome = run_bounded(argv, log, {**env, "TMPDIR": tmp}, limit, ROOT)
+    shutil.rmtree(tmp, ignore_errors=True)
     row.update(outcome)
     if sampler:
         row.update(sampler.stop(case.gpus))
@@ -149,6 +157,7 @@ def main() -> None:
         (out / old).unlink(missing_ok=True)
     shutil.rmtree(out / "logs", ignore_errors=True)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "1000",
+           "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",  # the machine's plugins, not the bundle's
            "PYTHONPATH": os.pathsep.join(filter(None, [str(site or ""), str(ROOT / "scripts"),
                                                        str(ROOT / "tests"),
                                                        os.environ.get("PYTHONPATH", "")]))}

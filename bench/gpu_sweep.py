@@ -49,12 +49,14 @@ SMALL = ["alone", "mps:2", "fused:2", "fused:4", "fused:8", "fused-own:4", "fuse
 def dataset(size: int, out: Path = OUT) -> Path:
     """A synthetic split of ``size`` training images, made once under ``out``."""
     root = out / "gpu_sweep" / f"data-{size}"
-    batches = root / "cifar-10-batches-py"
-    if not batches.is_dir():
-        archive = data.prepare_archive("synthetic", root, synthetic={
+    if not root.is_dir():  # made aside, then renamed: a run cut off leaves no half of it
+        making = root.with_name(root.name + ".making")
+        subprocess.run(["rm", "-rf", str(making)], check=True)
+        archive = data.prepare_archive("synthetic", making, synthetic={
             "train_size": size, "test_size": max(1000, size // 5)})
-        data.extract_archive(archive, root)
-    return batches
+        data.extract_archive(archive, making)
+        making.rename(root)
+    return root / "cifar-10-batches-py"
 
 
 def plan(results: Path, model: str, runs: int, device: str, args, strategy: str = "",
