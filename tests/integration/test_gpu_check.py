@@ -159,3 +159,33 @@ def test_cpu_smoke_names_every_gpu_case_and_runs_within_its_budget(tmp_path):
     markdown = (tmp_path / "out" / "gpu_check.md").read_text()
     assert "| engine step / hand-written loop, deterministic | >= 0.95x |" in markdown
     assert "not applicable (CPU smoke)" in markdown
+
+
+def test_the_report_holds_each_figure_to_its_goal(tmp_path):
+    """A GPU run's rows: the best fused lenet pack against the device's goal, resnet18
+    fused against alone, the step per mode; a goal no case measured says unmeasured."""
+    from gpu_report import Report
+
+    report = Report(tmp_path, {"device": "1 x NVIDIA H100 80GB HBM3", "torch": "2.x",
+                               "smoke": False, "budget_s": 480}, ["tensorboard: curves"])
+    rows = [("lenet alone", "lenet", "alone", 200_000), ("lenet fused:16", "lenet", "fused",
+                                                        1_200_000),
+            ("lenet fused-own:64", "lenet", "fused", 1_700_000),
+            ("resnet18 alone", "resnet18", "alone", 20_000),
+            ("resnet18 fused:8", "resnet18", "fused", 50_000)]
+    for case, model, kind, ips in rows:
+        report.add({"stage": "figures", "case": case, "model": model, "kind": kind,
+                    "images_per_sec": ips, "result": "ok", "wall_s": 1.0})
+    report.add({"stage": "figures", "case": "step deterministic", "step_mode": "deterministic",
+                "images_per_sec": 210_000, "vs_hand_written": 0.97, "result": "ok",
+                "wall_s": 1.0})
+    lenet, resnet, deterministic, nondeterministic = json.loads(
+        (tmp_path / "gpu_check.json").read_text())["goals"]
+    assert (lenet["measured"], lenet["case"], lenet["verdict"]) == (
+        1_700_000, "lenet fused-own:64", "met")  # >= 1,600,000 on an H100
+    assert (resnet["measured"], resnet["verdict"]) == (2.5, "missed")
+    assert (deterministic["measured"], deterministic["verdict"]) == (0.97, "met")
+    assert nondeterministic["verdict"] == "unmeasured"  # no case measured it
+    markdown = (tmp_path / "gpu_check.md").read_text()
+    assert "| lenet fused:16 | ok | 1,200,000 | 6.0x |" in markdown
+    assert "- tensorboard: curves" in markdown
