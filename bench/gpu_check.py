@@ -31,7 +31,6 @@ import time
 STARTED = time.monotonic()  # the budget counts from here: torch's import is part of it
 
 import argparse  # noqa: E402
-import json  # noqa: E402
 import os  # noqa: E402
 import shutil  # noqa: E402
 import sys  # noqa: E402

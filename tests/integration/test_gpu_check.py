@@ -6,7 +6,6 @@ the bundle alone is enough to run pytest."""
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
