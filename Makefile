@@ -7,7 +7,7 @@ DEV_STAMP := $(VENV)/.installed-dev
 DEB_PACKAGES := slurmctld slurmd slurm-client slurmdbd slurm-wlm-basic-plugins munge mariadb-server lmod e2fsprogs iproute2 chromium
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run test test-fast lint debian-packages dry-run bench gpu-check tensorboard slurm-up slurm-down clean
+.PHONY: run test test-fast lint debian-packages dry-run bench gpu-check gpu-bundle tensorboard slurm-up slurm-down clean
 
 # requirements.txt and requirements-optional.txt at the exact versions of constraints.txt,
 # then this project itself: the `cifarflow` command the rules call
@@ -52,8 +52,14 @@ bench: $(STAMP)
 	$(PY) bench/bench.py
 
 GPU_PYTHON ?= python3
-gpu-check:  ## on a GPU machine with torch + CUDA (no venv, no snakemake): the gpu tests, then the figures (bench/gpu_check.py)
-	$(GPU_PYTHON) bench/gpu_check.py
+GPU_BUDGET ?= 480
+# any Python with pip: the venv's where there is one
+BUNDLE_PYTHON ?= $(shell test -x $(PY) && echo $(PY) || echo python3)
+gpu-check:  ## on a GPU machine with torch + CUDA (no venv, no snakemake, no index): the goal figures, the strategies, the gpu tests, within GPU_BUDGET s (bench/gpu_check.py)
+	$(GPU_PYTHON) bench/gpu_check.py --budget $(GPU_BUDGET)
+
+gpu-bundle:  ## where pip reaches an index: pytest & co. (pure-Python wheels) into bench/gpu_bundle, which gpu-check uses
+	$(BUNDLE_PYTHON) bench/gpu_bundle.py
 
 tensorboard: $(STAMP)  ## TensorBoard over every run's curves (results/tensorboard/<run>)
 	$(VENV)/bin/tensorboard --logdir results/tensorboard

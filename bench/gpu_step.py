@@ -12,7 +12,10 @@ Cases, each in a process of its own (the deterministic switches are process-glob
   engine ddp x2  the same through torchrun on 2 GPUs, when 2 or more are visible
 
 each with train.deterministic true ("deterministic": torch.use_deterministic_algorithms,
-CUBLAS_WORKSPACE_CONFIG=:4096:8, cudnn.benchmark off) and false (cudnn.benchmark on).
+CUBLAS_WORKSPACE_CONFIG=:4096:8, cudnn.benchmark off) and false (cudnn.benchmark on). The
+hand-written loop sets these switches with the engine's own functions from the engine's
+planned config (seed_everything, apply_cuda_switches: fill_uninitialized_memory off, TF32 as
+configured), so the ratio compares steps, not switches; each case records its switches.
 Same data (synthetic, CIFAR format), model, batch size, lr and momentum everywhere.
 
 images/s = the mean over the steady epochs (2..N) of each epoch's images / seconds; the
@@ -22,9 +25,10 @@ engine's figure is its metrics.jsonl (as bench/gpu_sweep.py reads it). Each case
 
     PYTHONPATH=scripts python bench/gpu_step.py          # CUDA: 50,000 images, bs 512, 4 epochs
     PYTHONPATH=scripts python bench/gpu_step.py --small  # CPU: 4,000 images, bs 256, 3 epochs
+    PYTHONPATH=scripts python bench/gpu_step.py --modes deterministic --reps 2 --out DIR
 
-Needs torch and pyyaml, not snakemake. Writes bench/out/gpu_step.json. Throughput of a whole
-sweep (fused packs, MPS) on one device: bench/gpu_sweep.py.
+Needs torch and pyyaml, not snakemake. Writes gpu_step.json in --out (bench/out). Throughput
+of a whole sweep (fused packs, MPS) on one device: bench/gpu_sweep.py.
 """
 
 from __future__ import annotations
@@ -48,32 +52,45 @@ from gpu_sweep import ENV, ROOT  # noqa: E402
 from cifarflow.layout import RunPaths  # noqa: E402
 from cifarflow.orders import SegmentOrder  # noqa: E402
 
-OUT = ROOT / "bench" / "out" / "gpu_step"
+OUT = ROOT / "bench" / "out"  # gpu_step.json here, the runs in gpu_step/
 MODES = {"deterministic": True, "nondeterministic": False}
 TARGET = 0.95  # engine / hand-written, per mode
 
 
-def hand_written(mode: str, batches: str, epochs: int, batch_size: int, lr: float,
-                 momentum: float, threads: int) -> dict:
-    """The reference loop, in this process (it sets the process-global switches)."""
-    deterministic = MODES[mode]
-    if deterministic:
-        os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"  # before cuBLAS starts
+def switches() -> dict:
+    """The process-global switches a step's speed depends on, as they are now."""
+    import torch
+    import torch.utils.deterministic
+
+    return {"deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+            "fill_uninitialized_memory": torch.utils.deterministic.fill_uninitialized_memory,
+            "cudnn_benchmark": torch.backends.cudnn.benchmark,
+            "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
+            "tf32_cudnn": torch.backends.cudnn.allow_tf32,
+            "cublas_workspace": os.environ.get("CUBLAS_WORKSPACE_CONFIG")}
+
+
+def hand_written(spec: str, batches: str, epochs: int, batch_size: int, threads: int) -> dict:
+    """The reference loop, in this process, under the switches the engine sets for the run
+    ``spec`` (the engine's own functions: they are process-global)."""
     os.environ["OMP_NUM_THREADS"] = str(threads)
     import torch
     import torch.nn.functional as F
 
+    from cifarflow.config import TrainConfig
     from cifarflow.data import load_split
+    from cifarflow.engine.build import seed_everything
     from cifarflow.engine.gpu_monitor import GpuSampler, nvml_reader
     from cifarflow.engine.models import build_model
+    from cifarflow.engine.strategies.base import apply_cuda_switches
 
+    cfg = TrainConfig.read(spec)
+    lr, momentum = cfg.lr, cfg.momentum
     torch.set_num_threads(threads)
-    torch.use_deterministic_algorithms(deterministic, warn_only=True)
-    torch.backends.cudnn.benchmark = not deterministic
-    torch.backends.cuda.matmul.allow_tf32 = False  # the engine's defaults (tf32_matmul,
-    torch.backends.cudnn.allow_tf32 = True         # tf32_cudnn)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    torch.manual_seed(0)
+    if device == "cuda":
+        apply_cuda_switches(cfg)  # before cuBLAS starts, as the strategy's setup
+    seed_everything(cfg.seed, cfg.deterministic, cfg.compile)
     x_np, y_np = load_split(Path(batches), train=True)
     images, labels = torch.from_numpy(x_np).to(device), torch.from_numpy(y_np).to(device)
     model = build_model("lenet").to(device, memory_format=torch.channels_last)
@@ -104,8 +121,7 @@ def hand_written(mode: str, batches: str, epochs: int, batch_size: int, lr: floa
     if sampler:
         sampler.stop()
     return {"epochs_images_per_sec": per_epoch, "final_loss": loss.detach().item(),
-            "gpu_util_pct": mean_or_none(util[1:] or util),
-            "fill_uninitialized_memory": torch.utils.deterministic.fill_uninitialized_memory}
+            "gpu_util_pct": mean_or_none(util[1:] or util), "switches": switches()}
 
 
 def mean_or_none(values: list):
@@ -113,12 +129,15 @@ def mean_or_none(values: list):
 
 
 def run_hand_written(mode: str, batches: Path, cfg, args) -> dict:
-    """The loop in a fresh process; its last stdout line is its JSON figure."""
+    """The loop in a fresh process, under the engine's switches for ``cfg`` (the engine
+    run's config); its last stdout line is its JSON figure."""
+    spec = args.out / "gpu_step" / f"hand-written-{mode}.json"
+    spec.parent.mkdir(parents=True, exist_ok=True)
+    cfg.write(spec)
     t0 = time.perf_counter()
-    out = subprocess.run([sys.executable, __file__, "--hand-written", mode, "--data", str(batches),
-                          "--epochs", str(args.epochs), "--batch-size", str(args.batch_size),
-                          "--lr", str(cfg.lr), "--momentum", str(cfg.momentum),
-                          "--threads", str(args.threads)],
+    out = subprocess.run([sys.executable, __file__, "--hand-written", str(spec), "--data",
+                          str(batches), "--epochs", str(args.epochs), "--batch-size",
+                          str(args.batch_size), "--threads", str(args.threads)],
                          env=ENV, check=True, stdout=subprocess.PIPE, text=True)
     rec = json.loads(out.stdout.strip().splitlines()[-1])
     epochs = rec["epochs_images_per_sec"]
@@ -155,7 +174,8 @@ def run_engine(results: Path, batches: Path, run, threads: int) -> dict:
 def plan_engine(device: str, args, gpus: int) -> dict:
     """(case, mode) -> (results dir, planned run), planned as the workflow plans them."""
     planned = {}
-    for mode, deterministic in MODES.items():
+    for mode in args.modes:
+        deterministic = MODES[mode]
         sizes = argparse.Namespace(images=args.images, epochs=args.epochs,
                                    deterministic=deterministic,
                                    batch_size={"lenet": args.batch_size})
@@ -164,7 +184,7 @@ def plan_engine(device: str, args, gpus: int) -> dict:
             cases.append(("engine ddp x2", "ddp",
                           {"distributed": {"device": "cuda", "world_size": 2}}))
         for case, strategy, sections in cases:
-            results = OUT / "runs" / f"{case.replace(' ', '-')}-{mode}"
+            results = args.out / "gpu_step" / "runs" / f"{case.replace(' ', '-')}-{mode}"
             runs = gpu_sweep.plan(results, "lenet", 1, device, sizes, strategy, sections)
             planned[case, mode] = (results, next(iter(runs.values())))
     return planned
@@ -180,14 +200,14 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3, help="runs of each case, interleaved")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--no-ddp", action="store_true", help="skip the 2-rank ddp case")
-    ap.add_argument("--hand-written", choices=list(MODES), help=argparse.SUPPRESS)
+    ap.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
+    ap.add_argument("--out", type=Path, default=OUT, help="where the figures and runs go")
+    ap.add_argument("--hand-written", metavar="SPEC", help=argparse.SUPPRESS)
     ap.add_argument("--data", help=argparse.SUPPRESS)
-    ap.add_argument("--lr", type=float, help=argparse.SUPPRESS)
-    ap.add_argument("--momentum", type=float, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.hand_written:  # the child process of run_hand_written
         print(json.dumps(hand_written(args.hand_written, args.data, args.epochs, args.batch_size,
-                                      args.lr, args.momentum, args.threads)))
+                                      args.threads)))
         return
     import torch
 
@@ -206,7 +226,7 @@ def main() -> None:
         ddp_note = ""
     if ddp_note:
         print(ddp_note)
-    batches = gpu_sweep.dataset(args.images)
+    batches = gpu_sweep.dataset(args.images, args.out)
     planned = plan_engine(device, args, gpus)
     rows = []
 
@@ -227,7 +247,7 @@ def main() -> None:
               f"({figure['wall_s']:.1f} s{util})", flush=True)
 
     for rep in range(1, args.reps + 1):
-        for mode in MODES:
+        for mode in args.modes:
             cfg = planned["engine", mode][1].config  # the hand-written loop's lr and momentum
             record("hand-written", mode, rep, lambda: run_hand_written(mode, batches, cfg, args))
             for (case, m), (results, run) in planned.items():
@@ -240,8 +260,8 @@ def main() -> None:
               "images": args.images, "epochs": args.epochs, "batch_size": args.batch_size,
               "reps": args.reps, "target": TARGET, "ddp": ddp_note or "measured",
               "summary": summary, "runs": rows}
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT.parent / "gpu_step.json").write_text(json.dumps(result, indent=1) + "\n")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "gpu_step.json").write_text(json.dumps(result, indent=1) + "\n")
     print(f"\n{result['device']}, torch {torch.__version__}, {args.images:,} images, batch "
           f"{args.batch_size}, {args.epochs} epochs (steady: 2..{args.epochs}), median of "
           f"{args.reps}\n")

@@ -16,8 +16,8 @@ context, cuDNN autotuning); for one at a time it is the mean of the runs' figure
 A case is ``[model/]kind[:count]``: alone, mps:M, fused:K (one shared batch: the members
 differ in lr only), fused-own:K (each member gathers its own batch), fused-vmap:K,
 fused-loop:K. Each case runs in its own processes: a failure is recorded with its error and
-the others go on; bench/out/gpu_sweep.json and .md are rewritten after every case.
-One run's step against a hand-written loop on the same device: bench/gpu_step.py.
+the others go on; gpu_sweep.json and .md are rewritten in --out (bench/out) after every
+case. One run's step against a hand-written loop on the same device: bench/gpu_step.py.
 """
 
 from __future__ import annotations
@@ -39,21 +39,24 @@ from cifarflow.config import with_defaults  # noqa: E402
 from cifarflow.layout import RunPaths  # noqa: E402
 from cifarflow.controller.plan import build_runs  # noqa: E402
 
-OUT = ROOT / "bench" / "out" / "gpu_sweep"
+OUT = ROOT / "bench" / "out"  # gpu_sweep.json and .md here, the runs and data in gpu_sweep/
 ENV = {**os.environ, "PYTHONPATH": str(ROOT / "scripts"), "PYTHONUNBUFFERED": "1"}
 FULL = ["alone", "mps:4", "mps:8", "fused:8", "fused:16", "fused:32", "fused:64",
         "fused-own:16", "fused-own:64", "resnet18/alone", "resnet18/fused:4", "resnet18/fused:8"]
 SMALL = ["alone", "mps:2", "fused:2", "fused:4", "fused:8", "fused-own:4", "fused-vmap:4"]
 
 
-def dataset(size: int) -> Path:
-    root = OUT / f"data-{size}"
-    batches = root / "cifar-10-batches-py"
-    if not batches.is_dir():
-        archive = data.prepare_archive("synthetic", root, synthetic={
+def dataset(size: int, out: Path = OUT) -> Path:
+    """A synthetic split of ``size`` training images, made once under ``out``."""
+    root = out / "gpu_sweep" / f"data-{size}"
+    if not root.is_dir():  # made aside, then renamed: a run cut off leaves no half of it
+        making = root.with_name(root.name + ".making")
+        subprocess.run(["rm", "-rf", str(making)], check=True)
+        archive = data.prepare_archive("synthetic", making, synthetic={
             "train_size": size, "test_size": max(1000, size // 5)})
-        data.extract_archive(archive, root)
-    return batches
+        data.extract_archive(archive, making)
+        making.rename(root)
+    return root / "cifar-10-batches-py"
 
 
 def plan(results: Path, model: str, runs: int, device: str, args, strategy: str = "",
@@ -95,7 +98,7 @@ def run_case(case: str, device: str, batches: Path, args) -> dict:
     model = model or "lenet"
     kind, _, count = how.partition(":")
     count = int(count or 1)
-    results = OUT / "runs" / case.replace("/", "-").replace(":", "-")
+    results = args.out / "gpu_sweep" / "runs" / case.replace("/", "-").replace(":", "-")
     subprocess.run(["rm", "-rf", str(results)], check=True)
     runs = plan(results, model, count if kind != "alone" else args.alone_runs, device, args)
     t0 = time.perf_counter()
@@ -106,8 +109,11 @@ def run_case(case: str, device: str, batches: Path, args) -> dict:
         images_per_sec = statistics.mean(steady(results, run) for run in runs)
     elif kind == "mps":
         lines = [" ".join(train_argv(results, batches, run, max(1, args.threads // count)))
-                 + " > /dev/null &" for run in runs]
-        script = "\n".join(lines + ["wait"])
+                 + " > /dev/null & pids+=($!)" for run in runs]
+        # each member's exit code, not only the last's: a failed member fails the case
+        script = "\n".join(["pids=()", *lines, "failed=0",
+                            'for p in "${pids[@]}"; do wait "$p" || failed=1; done',
+                            "exit $failed"])
         prefix = ([sys.executable, "-m", "cifarflow", "mps-run", "--replicas", str(count), "--"]
                   if device == "cuda" else [])
         subprocess.run(prefix + ["bash", "-c", script], env=ENV, check=True)
@@ -142,6 +148,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--alone-runs", type=int, default=2)
     ap.add_argument("--deterministic", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument("--out", type=Path, default=OUT, help="where the figures, runs and data go")
     args = ap.parse_args()
     import torch
 
@@ -149,7 +156,7 @@ def main() -> None:
     args.images = args.images or (4000 if args.small else 50000)
     args.batch_size = {"lenet": 512 if not args.small else 200, "resnet18": 128 if not args.small else 32}
     cases = args.cases or (SMALL if args.small else FULL)
-    batches = dataset(args.images)
+    batches = dataset(args.images, args.out)
     header = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
               "torch": torch.__version__, "threads": args.threads, "images": args.images,
               "epochs": args.epochs, "deterministic": args.deterministic}
@@ -164,17 +171,17 @@ def main() -> None:
             figures.append({"case": case, "error": error.strip().splitlines()[-1][:300]
                             if error.strip() else type(exc).__name__})
             print(f"{case:20s} FAILED: {figures[-1]['error']}", flush=True)
-        write(header, figures)
+        write(header, figures, args.out)
 
 
-def write(header: dict, figures: list[dict]) -> None:
-    """bench/out/gpu_sweep.json and .md as the cases so far left them."""
+def write(header: dict, figures: list[dict], out: Path) -> None:
+    """gpu_sweep.json and .md in ``out`` as the cases so far left them."""
     alone = {f["model"]: f["images_per_sec"] for f in figures if f.get("kind") == "alone"}
     for f in figures:
         if f.get("model") in alone and "images_per_sec" in f:
             f["vs_alone"] = round(f["images_per_sec"] / alone[f["model"]], 2)
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT.parent / "gpu_sweep.json").write_text(json.dumps({**header, "figures": figures},
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "gpu_sweep.json").write_text(json.dumps({**header, "figures": figures},
                                                           indent=1) + "\n")
     lines = [f"# {header['device']}, torch {header['torch']}, {header['images']} images, "
              f"{header['epochs']} epochs", "",
@@ -185,7 +192,7 @@ def write(header: dict, figures: list[dict]) -> None:
         else:
             lines.append(f"| {f['case']} | {f['runs_at_once']} | {f['images_per_sec']:,} | "
                          f"{f.get('vs_alone', '')}x |")
-    (OUT.parent / "gpu_sweep.md").write_text("\n".join(lines) + "\n")
+    (out / "gpu_sweep.md").write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -38,6 +38,20 @@ def pytest_configure(config):
                             "test runs it, make test-fast does not)")
 
 
+@pytest.fixture
+def deterministic_switches_restored():
+    """torch's process-wide deterministic switches, as they were before the test."""
+    import torch
+    import torch.utils.deterministic
+
+    saved = (torch.are_deterministic_algorithms_enabled(),
+             torch.is_deterministic_algorithms_warn_only_enabled(),
+             torch.utils.deterministic.fill_uninitialized_memory)
+    yield
+    torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
+    torch.utils.deterministic.fill_uninitialized_memory = saved[2]
+
+
 @pytest.fixture(scope="session")
 def cifar_dir(tmp_path_factory) -> Path:
     """cifar-10-batches-py with 2000 train / 400 test synthetic images, via the real

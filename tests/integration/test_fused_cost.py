@@ -122,3 +122,67 @@ def test_train_compile_compiles_the_fused_step(cifar_dir):
     assert counters["stats"]["unique_graphs"] >= 2, dict(counters["stats"])
     assert not [line for line in said if "uncompiled" in line], said
     assert torch.allclose(weights[True], weights[False], rtol=1e-4, atol=1e-5)
+
+
+def test_a_compiled_fused_segment_builds_one_forward_and_one_update_graph(cifar_dir,
+                                                                          monkeypatch):
+    """train.compile in a fused group of SGD and Adam members, over an epoch whose last
+    batch is partial (2000 images, batch 300: 6 full batches and 200) and into the next:
+    dynamo builds exactly two graphs, the forward with its loss (its backward through
+    AOTAutograd) and the update, and never recompiles (the optimizer's state, the vmapped
+    calls and the amp setting exist before the first step) nor breaks a graph; the partial
+    batch runs uncompiled. The backend is aot_eager: dynamo's graphs are inductor's, without
+    its ~30 s of code generation; the weights match the eager group's."""
+    from torch._dynamo.utils import counters
+
+    compile_ = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn: compile_(fn, backend="aot_eager"))
+    adam = with_defaults({"strategies": ["cpu"], "data": {"synthetic": SYNTHETIC},
+                          "train": {"epochs": 20, "batch_size": 300, "optimizer": "adam",
+                                    "lr": 0.001}})
+    weights, said = {}, []
+    for compiled in (False, True):
+        cfgs = configs(2, batch_size=300, momentum=0.9, compile=compiled) + [
+            run.config for run in build_runs({**adam, "train": {**adam["train"],
+                                                                "compile": compiled}}).values()]
+        group = fused_group(cfgs, cifar_dir, threads=2, mode="vmap", say=said.append)
+        counters.clear()
+        sizes = []
+        for epoch in (0, 1):
+            for step, (x, y) in enumerate(group.batches.epoch(epoch)):
+                group.train_step(x, y)
+                sizes.append(y.shape[-1])
+                if epoch == 1 and step == 1:
+                    break
+        assert group.compiled is compiled
+        weights[compiled] = group.fused.flat.clone()
+    assert sizes == [300] * 6 + [200] + [300] * 2
+    assert counters["stats"]["unique_graphs"] == 2, dict(counters["stats"])
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    assert not [line for line in said if "uncompiled" in line], said
+    torch.testing.assert_close(weights[True], weights[False], rtol=1e-5, atol=1e-6)
+
+
+def test_a_failing_compiled_update_falls_back_with_one_line(cifar_dir, monkeypatch):
+    """A compiler that refuses the update (as one may refuse the forward): the group says so
+    in one line and trains on uncompiled, the refused step included."""
+    def refusing_compile(fn):
+        if getattr(fn, "__name__", "") != "update":
+            return fn
+
+        def refused(*args):
+            raise RuntimeError("the backend refused this graph\n(its details)")
+        return refused
+
+    monkeypatch.setattr(torch, "compile", refusing_compile)
+    said = []
+    group = fused_group(configs(2, compile=True), cifar_dir, threads=2, mode="vmap",
+                        say=said.append)
+    start, batches = group.fused.flat.clone(), group.batches.epoch(0)
+    for _ in range(3):
+        group.train_step(*next(batches))
+    assert [line for line in said if "uncompiled" in line] == [
+        "train.compile: the fused step runs uncompiled (RuntimeError: the backend refused "
+        "this graph)"]
+    assert group.compiled is False and group.optimizer.step_index == 3
+    assert not torch.equal(group.fused.flat, start)

@@ -85,15 +85,6 @@ def test_draws_are_a_pure_function_of_seed_epoch_batch_and_rank():
     assert draws(8, 0, 0, 0).flip is None and draws(8, 0, 0, 0).shift is None
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-def test_draws_and_images_are_the_same_on_the_gpu():
-    x = known(n=64, h=32, w=32)
-    d = draws(64, 1, 2, 3, 1, flip=True, crop=4)
-    on_gpu = draws(64, 1, 2, 3, 1, flip=True, crop=4, device="cuda")
-    assert torch.equal(on_gpu.shift.cpu(), d.shift) and torch.equal(on_gpu.flip.cpu(), d.flip)
-    assert torch.equal(apply(x.cuda().contiguous(memory_format=CL), on_gpu).cpu(), apply(x, d))
-
-
 def split_of(n=300, seed=0):
     gen = torch.Generator().manual_seed(seed)
     return Split(torch.randint(0, 256, (n, 3, 32, 32), dtype=torch.uint8, generator=gen),

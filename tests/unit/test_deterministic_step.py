@@ -12,14 +12,7 @@ from cifarflow.engine.loaders import Split, TensorBatches
 from cifarflow.engine.models import build_model
 
 
-@pytest.fixture(autouse=True)
-def restore_global_switches():
-    saved = (torch.are_deterministic_algorithms_enabled(),
-             torch.is_deterministic_algorithms_warn_only_enabled(),
-             torch.utils.deterministic.fill_uninitialized_memory)
-    yield
-    torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
-    torch.utils.deterministic.fill_uninitialized_memory = saved[2]
+pytestmark = pytest.mark.usefixtures("deterministic_switches_restored")
 
 
 def lenet_steps(deterministic: bool, steps: int, fill: bool | None = None):

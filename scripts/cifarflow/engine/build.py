@@ -16,9 +16,18 @@ from .models import build_model
 
 
 def seed_everything(seed: int, deterministic: bool, compiled: bool) -> None:
+    seed_rngs(seed)
+    set_determinism(deterministic, compiled)
+
+
+def seed_rngs(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
+
+
+def set_determinism(deterministic: bool, compiled: bool) -> None:
+    """torch's process-wide deterministic switch (and the NaN fill off)."""
     if deterministic and compiled:
         torch.use_deterministic_algorithms(True, warn_only=True)
     elif deterministic:

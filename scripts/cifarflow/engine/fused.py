@@ -77,7 +77,9 @@ class FusedGroup:
 
     def compile(self) -> None:
         """train.compile: the forward pass with its loss (and so, through AOTAutograd, its
-        backward) and the optimizer's update, each compiled once for the group."""
+        backward) and the optimizer's update, each compiled once for the group (a last
+        partial batch runs uncompiled: its shape would compile another forward)."""
+        self.strategy.amp  # resolved now: dynamo breaks the graph at cached_property's lock
         self.forward_loss = torch.compile(self._forward_loss)
         self.update = torch.compile(self.optimizer.update)
         self.compiled = True
@@ -101,21 +103,30 @@ class FusedGroup:
     def train_step(self, x, y):
         """Mean loss (K,) and hits (K,) of each member's batch; one backward, one step."""
         shared = self.batches.shared
+        full = y.shape[-1] == self.members[0].cfg.batch_size
         try:
-            out, losses = self.forward_loss(x, y, shared)
+            out, losses = (self.forward_loss if full else self._forward_loss)(x, y, shared)
         except Exception as exc:  # noqa: BLE001  a compiler's refusal: said once, then eager
-            if not self.compiled:
-                raise
-            self.say(f"train.compile: the fused step runs uncompiled ({type(exc).__name__}: "
-                     f"{str(exc).splitlines()[0][:200]})")
-            self.forward_loss, self.update, self.compiled = \
-                self._forward_loss, self.optimizer.update, False
+            self.uncompile(exc)
             out, losses = self.forward_loss(x, y, shared)
         self.fused.zero_grad()
         losses.sum().backward()  # member k's gradient is that of its own loss only
-        self.optimizer.step(self.update)
+        try:
+            self.optimizer.step(self.update)
+        except Exception as exc:  # noqa: BLE001  (a compiler fails before the update runs)
+            self.uncompile(exc)
+            self.optimizer.step(self.update)
         hits = (out.detach().argmax(-1) == y).sum(-1)
         return losses.detach(), hits
+
+    def uncompile(self, exc: Exception) -> None:
+        """A compiler's refusal: said once, the step eager from now on (else ``exc``)."""
+        if not self.compiled:
+            raise exc
+        self.say(f"train.compile: the fused step runs uncompiled ({type(exc).__name__}: "
+                 f"{str(exc).splitlines()[0][:200]})")
+        self.forward_loss, self.update, self.compiled = \
+            self._forward_loss, self.optimizer.update, False
 
     def evaluate(self) -> list[dict]:
         """Test accuracy of every member, in one fused evaluation (evaluation.py)."""

@@ -78,7 +78,10 @@ class FusedModel:
         else:
             _, buffers = stack_module_state(modules)
             self.buffers = {name: b.detach().clone() for name, b in buffers.items()}
-        self._vmapped = {}
+        # built now, not at the first call: a compiled step would see the dict change and
+        # compile again
+        self._vmapped = {shared: self._vmap(shared) for shared in (False, True)} \
+            if mode == "vmap" else {}
 
     def _point_into_flat(self, modules: list) -> None:
         """loop: each member's own module trains, its parameters made views of its row of the
@@ -107,14 +110,11 @@ class FusedModel:
         for module in self.modules if self.mode == "loop" else [self.template]:
             module.train(mode)
 
-    def _call(self, shared_input: bool):
-        """The vmapped functional call, built once per input kind."""
-        if shared_input not in self._vmapped:
-            def call(params, buffers, inputs):
-                return functional_call(self.template, (params, buffers), (inputs,))
-            self._vmapped[shared_input] = vmap(call, in_dims=(0, 0, None if shared_input else 0),
-                                               randomness="different")
-        return self._vmapped[shared_input]
+    def _vmap(self, shared_input: bool):
+        """The vmapped functional call for one input kind."""
+        def call(params, buffers, inputs):
+            return functional_call(self.template, (params, buffers), (inputs,))
+        return vmap(call, in_dims=(0, 0, None if shared_input else 0), randomness="different")
 
     def forward(self, x, shared_input: bool = False):
         """Logits (K, B, classes) of each member on its own batch x[k] (x: (K, B, ...)), or
@@ -125,7 +125,7 @@ class FusedModel:
                 k, o, i, h, w = params[name].shape
                 params[name] = params[name].new_empty((k, o, h, w, i)).permute(0, 1, 4, 2, 3) \
                     .copy_(params[name])
-            return self._call(shared_input)(params, self.buffers, x)
+            return self._vmapped[shared_input](params, self.buffers, x)
         return torch.stack([module(x if shared_input else x[k])
                             for k, module in enumerate(self.modules)])
 

@@ -124,7 +124,14 @@ class FusedOptimizer:
         self.state: dict[str, torch.Tensor] = {}
         self.steps = torch.zeros(len(optimizers), 1, dtype=torch.float64,
                                  device=self.device)  # Adam's step count
-        self.started = False  # SGD's momentum buffers hold a value
+        self.started = False  # SGD's momentum buffers hold a value (their export)
+        # every state buffer the update touches, made (zeros) before the first step: a
+        # compiled update then sees the same tensors at every step and compiles once; a
+        # zero momentum buffer's first step, 0 * momentum + d, is torch's first buffer d
+        if any(self.uses_momentum):
+            self.buffer("momentum_buffer")
+        if "adam" in kinds:
+            self.buffer("exp_avg"), self.buffer("exp_avg_sq")
 
     def buffer(self, key: str) -> torch.Tensor:
         if key not in self.state:
@@ -134,11 +141,11 @@ class FusedOptimizer:
     @torch.no_grad()
     def step(self, update=None) -> None:
         """One step of every member: ``update`` is ``self.update``, or its compiled form."""
-        (update or self.update)(*self.table.at(self.step_index), self.started)
+        (update or self.update)(*self.table.at(self.step_index))
         self.started = True
         self.step_index += 1
 
-    def update(self, hyper: torch.Tensor, hyper64: torch.Tensor, started: bool) -> None:
+    def update(self, hyper: torch.Tensor, hyper64: torch.Tensor) -> None:
         """The arithmetic of one step, hyper-parameters (6, K) given: each optimizer kind's
         block of rows in a few whole-block operations."""
         for name, start, end in self.blocks:
@@ -148,18 +155,15 @@ class FusedOptimizer:
             if self.decays[name]:
                 g = torch.addcmul(g, h[WEIGHT_DECAY], p)
             if name == "sgd":
-                self._sgd(rows, p, g, h, started)
+                self._sgd(rows, p, g, h)
             else:
                 self._adam(rows, p, g, h, hyper64[:, rows].unsqueeze(-1))
 
-    def _sgd(self, rows: slice, p, d, h, started: bool) -> None:
+    def _sgd(self, rows: slice, p, d, h) -> None:
         with_momentum = self.uses_momentum[rows]
         if any(with_momentum):
-            buf = self.buffer("momentum_buffer")[rows]
-            if started:
-                buf.mul_(h[MOMENTUM]).add_(d)
-            else:
-                buf.copy_(d)
+            buf = self.state["momentum_buffer"][rows]
+            buf.mul_(h[MOMENTUM]).add_(d)  # zeros before the first step: d, as torch's
             d = buf if all(with_momentum) else torch.where(h[MOMENTUM] != 0, buf, d)
         p.addcmul_(d, h[LR], value=-1)
 
@@ -171,7 +175,7 @@ class FusedOptimizer:
         step = self.steps[rows]
         step += 1
         bias1, bias2_sqrt = 1 - b1 ** step, (1 - b2 ** step) ** 0.5
-        m, v = self.buffer("exp_avg")[rows], self.buffer("exp_avg_sq")[rows]
+        m, v = self.state["exp_avg"][rows], self.state["exp_avg_sq"][rows]
         m.lerp_(d, (1 - b1).float())
         v.mul_(h[BETA2]).addcmul_((1 - b2).float() * d, d)
         denom = (v.sqrt() / bias2_sqrt.float()).add_(h[EPS])

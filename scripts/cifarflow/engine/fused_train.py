@@ -5,26 +5,57 @@ benchmarks and tests."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from ..orders import FusedOrder
-from .build import build_placed_model, seed_everything
+from .build import build_placed_model, seed_rngs, set_determinism
 from .fused import FusedGroup
 from .fused_batches import FusedBatches
 from .fused_model import default_mode
 from .stop import StopController
+from .cuda import apply_cuda_switches
 
 
-def build_members(members: list, mode: str | None = None) -> str:
+def process_switches(cfgs: list) -> SimpleNamespace:
+    """One setting of the process-wide switches for all the members of a pack: deterministic
+    where any member asks for it, TF32 only where every member allows it (the stricter
+    setting keeps every member's promise), compile's variant of the switch where any
+    compiles."""
+    return SimpleNamespace(deterministic=any(c.deterministic for c in cfgs),
+                           tf32_matmul=all(c.tf32_matmul for c in cfgs),
+                           tf32_cudnn=all(c.tf32_cudnn for c in cfgs),
+                           compile=any(c.compile for c in cfgs))
+
+
+def set_process_switches(members: list, say=print) -> None:
+    """The switches once for the process, from all members (each member's strategy set-up
+    and the first's data loading wrote its own: the last would win); said where members
+    differ."""
+    switches = process_switches([m.cfg for m in members])
+    if members[0].strategy.uses_cuda():
+        apply_cuda_switches(switches)
+    set_determinism(switches.deterministic, switches.compile)
+    differ = [k for k in ("deterministic", "tf32_matmul", "tf32_cudnn")
+              if len({getattr(m.cfg, k) for m in members}) > 1]
+    if differ:
+        say(f"members differ in {', '.join(differ)}: the pack trains with "
+            + ", ".join(f"{k}={getattr(switches, k)}" for k in differ) + " for all")
+
+
+def build_members(members: list, mode: str | None = None, say=print) -> str:
     """Load the data once and put it on the device ONCE (every member's batches read the
     same tensors, whatever K); build each member's model (its own seed), optimizer and
-    schedule, exactly as the member would alone; returns the fusion mode."""
+    schedule, exactly as the member would alone, under the pack's switches (set once);
+    returns the fusion mode."""
     first = members[0]
     first.load_data()
     first.train_split = first.train_split.to(first.strategy.device)
     batches0 = first.make_batches()  # also moves the test split to the device
+    set_process_switches(members, say)
     for m in members:
         m.train_split, m.test_split = first.train_split, first.test_split
         m.data_dir = first.data_dir
-        seed_everything(m.cfg.seed, m.cfg.deterministic, False)
+        seed_rngs(m.cfg.seed)
         batches = batches0 if m is first else m.make_batches()
         model = build_placed_model(m.cfg, m.strategy)
         m.attach(model, *m.make_optimizer(model.parameters(), len(batches)), batches)
@@ -40,7 +71,7 @@ def train_fused(order: FusedOrder, members: list, start_time: float, say) -> dic
     members = sorted(members, key=lambda m: m.cfg.optimizer)  # a block per kind
     for m in members:
         m.strategy.setup()
-    mode = build_members(members, None if order.mode == "auto" else order.mode)
+    mode = build_members(members, None if order.mode == "auto" else order.mode, say)
     share_input = not order.no_shared_input
     results, groups = {}, {}
     for m in members:
@@ -89,6 +120,6 @@ def fused_group(cfgs: list, data_dir, threads: int = 0, mode: str | None = None,
                for cfg in sorted(cfgs, key=lambda c: c.optimizer)]
     for m in members:
         m.strategy.setup()
-    mode = build_members(members, mode)
+    mode = build_members(members, mode, say)
     return FusedGroup(members, mode, say,
                       FusedBatches([m.batches for m in members], share_input))

@@ -1,12 +1,23 @@
 """The epoch meter: loss and hits summed on the device, images and time since the last
 (re)start of the clock, folded into the checkpointed ``Progress`` when a save or the
-epoch's end needs them; and a fused group's, one (K,) sum for its K members."""
+epoch's end needs them; and a fused group's, one (K,) sum for its K members.
+
+The clock is read after the device has finished the work queued so far (``synchronize``),
+at a start and at a fold: a GPU queues kernels ahead of the host, and a clock read before
+the queue drains times the launches, not the work (figures read high). ``step_s`` alone,
+the stop controller's estimate of a step read at every batch, does not wait."""
 
 from __future__ import annotations
 
 import time
 
 import torch
+
+
+def synchronize(device) -> None:
+    """Wait for the work queued on ``device`` (a CUDA device; CPU work is done already)."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 class EpochMeter:
@@ -26,6 +37,7 @@ class EpochMeter:
         self.last_log = time.time()
 
     def restart_clock(self, progress) -> None:
+        synchronize(self.device)  # work queued before the start is not this clock's
         self.mark, self.base_s = time.perf_counter(), progress.train_s
         self.seen0, self.steps0 = progress.seen, 0
 
@@ -39,11 +51,13 @@ class EpochMeter:
         self.steps0 += 1
 
     def elapsed(self) -> float:
+        """Seconds since the clock started, the device's queued work done first."""
+        synchronize(self.device)
         return time.perf_counter() - self.mark
 
     def step_s(self) -> float:
-        """Mean seconds of a step since the clock started."""
-        return self.elapsed() / max(1, self.steps0)
+        """Mean seconds of a step since the clock started (no wait: an estimate per batch)."""
+        return (time.perf_counter() - self.mark) / max(1, self.steps0)
 
     def images_per_sec(self, progress, world_size: int) -> float:
         return (progress.seen - self.seen0) * world_size / self.elapsed()
@@ -90,8 +104,9 @@ class FusedMeter:
     def fold(self) -> None:
         """Every member's progress: its sums, the shared position, its training time."""
         p0, meter0 = self.first.progress, self.first.meter
-        elapsed = meter0.elapsed()
-        for m, loss, hits in zip(self.members, self.loss.tolist(), self.hits.tolist()):
+        sums = list(zip(self.loss.tolist(), self.hits.tolist()))
+        elapsed = meter0.elapsed()  # after the device's sync: the queued steps are timed
+        for m, (loss, hits) in zip(self.members, sums):
             m.progress.loss_sum, m.progress.correct = loss, hits
             m.progress.step, m.progress.seen = p0.step, p0.seen
             m.meter.steps0 = meter0.steps0
