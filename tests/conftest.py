@@ -181,6 +181,19 @@ def assert_bit_identical(sd_a: dict, sd_b: dict) -> None:
         assert torch.equal(sd_a[key], sd_b[key]), f"{key} differs"
 
 
+def weights_digest(directory) -> str:
+    """A published checkpoint's weights_sha256 (its manifest's), checked first against the
+    digest of the weights its own files hold (engine/digest.py)."""
+    from cifarflow.engine import checkpoint as ckpt
+    from cifarflow.engine.digest import checkpoint_weights_sha256
+
+    recorded = ckpt.read_manifest(directory, verify=False).get("weights_sha256")
+    assert recorded, f"{directory}: no weights_sha256 in its manifest"
+    assert recorded == checkpoint_weights_sha256(directory), \
+        f"{directory}: the manifest's weights_sha256 is not that of its weights"
+    return recorded
+
+
 def snakemake_command(workdir: Path, *args, configfile=None, config=()) -> list[str]:
     cmd = [str(Path(PY).parent / "snakemake"), "-s", str(ROOT / "Snakefile"),
            "--directory", str(workdir)]

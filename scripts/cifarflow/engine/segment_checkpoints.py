@@ -17,6 +17,7 @@ import torch
 from . import checkpoint as ckpt
 from . import resume as resuming
 from .build import rng_state, set_rng_state
+from .digest import weights_sha256
 from .state import Progress, slurm_restarts
 from .usage import rank_usage, segment_usage
 
@@ -71,7 +72,10 @@ class SegmentCheckpoints:
         t0 = time.perf_counter()
         self.strategy.sync_buffers(self.model)
         history = "".join(json.dumps(r) + "\n" for r in self.progress.history)
-        self.checkpointer.save(directory, self.state(), self.meta(), {ckpt.METRICS: history})
+        state = self.state()
+        # the weights' fingerprint (every rank: a sharded tensor is gathered to be hashed)
+        meta = {**self.meta(), "weights_sha256": weights_sha256(state["model"])}
+        self.checkpointer.save(directory, state, meta, {ckpt.METRICS: history})
         return time.perf_counter() - t0
 
     def resume(self) -> Path | None:
