@@ -1,5 +1,5 @@
 """What only the process that plans does, once (not every job again): the checks at
-`snakemake -n` (data kept, job venvs, the cluster, local GPUs), the run specs, what the plan
+`snakemake -n` (the data folders, job venvs, the cluster, local GPUs), the run specs, what the plan
 says it submits, and the watches while it trains. A part of the WorkflowPlan. No torch."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Callable
 from . import quota, storage
 from .cluster_checks import check_cluster, check_storage
 from ..data import ARCHIVE_NAME, fetch_record
+from ..data_folders import describe_data
 from ..engine.gpu_monitor import visible_gpus
 from ..engine.strategies.ddp import too_few_gpus
 from ..job.mps_daemon import mps_gpus
@@ -55,7 +56,7 @@ class MainProcess:
         except ValueError as exc:
             raise self.error(f"config error: {exc}")
         self.check_results_dir()
-        self.check_kept_data()
+        self.describe_data()
         self.write_specs()
         self.announce()
         self.check_strategy_packages()
@@ -84,21 +85,14 @@ class MainProcess:
                              "folder you can write, e.g. /scratch/$USER/<sweep> on a cluster")
 
     def data_record(self) -> dict | None:
-        """What fetch-data wrote of the data in results/data: source, data id, md5."""
+        """What fetch-data wrote of the plan's data (its folder, data_folders.py): source,
+        data id, md5."""
         return fetch_record(Path(self.data_dir, ARCHIVE_NAME))
 
-    def check_kept_data(self) -> None:
-        """Real CIFAR-10 (downloaded, or from an archive) in results/data is never replaced by
-        a synthetic set without a word: a plan that would do it is refused, with both ways out
-        (a dry run says so too)."""
-        record = self.data_record()
-        if record and record["source"] != "synthetic" and self.config["data"]["source"] == "synthetic":
-            raise self.error(
-                f"{self.data_dir} holds CIFAR-10 (data.source {record['source']}, md5 "
-                f"{record['md5']}), but the config says data.source: synthetic, which would "
-                "replace it with a synthetic set. To train on it, set data.source: "
-                f"{record['source']} in config/config.yaml (as when it was fetched); to replace "
-                f"it on purpose, remove {self.data_dir} first")
+    def describe_data(self) -> None:
+        """Which data folders results/data holds, and which one the plan trains on: each
+        data id has its own, so no data.source replaces another's data."""
+        self.log.info(describe_data(self.results, self.data_id, self.config["data"]["source"]))
 
     def write_specs(self, runs=None) -> None:
         """The run's typed config, handed to every segment as one file (spec.json), written

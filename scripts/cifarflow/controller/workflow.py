@@ -21,6 +21,7 @@ import sysconfig
 from pathlib import Path
 
 from ..config import data_identity
+from ..data_folders import data_folder
 from ..orders import SegmentOrder
 from .chain import Chain
 from .main_process import MainProcess
@@ -75,9 +76,9 @@ class WorkflowPlan(MainProcess, JobSoftware, SegmentRules, Outputs, SearchRounds
         self.checkpoints, self.error, self.log = checkpoints, error, log
         self.jobs_at_once = jobs_at_once
         self.results = config["results"]
-        self.data_dir = f"{self.results}/data"
-        self.batches = f"{self.data_dir}/cifar-10-batches-py"
         self.data_id = data_identity(config["data"])  # what shaped the data: its source
+        self.data_dir = data_folder(self.results, self.data_id)  # results/data/<data id>
+        self.batches = f"{self.data_dir}/cifar-10-batches-py"
         self.env = config["env"]
         self.job_requirements = self.job_requirements_file()
         self.python = sys.executable if self.env["mode"] == "current" else "python"
