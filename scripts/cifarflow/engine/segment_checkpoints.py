@@ -16,6 +16,7 @@ import torch
 
 from . import checkpoint as ckpt
 from . import resume as resuming
+from . import self_stop
 from .build import rng_state, set_rng_state
 from .digest import weights_sha256
 from .state import Progress, slurm_restarts
@@ -76,7 +77,10 @@ class SegmentCheckpoints:
         # the weights' fingerprint (every rank: a sharded tensor is gathered to be hashed)
         meta = {**self.meta(), "weights_sha256": weights_sha256(state["model"])}
         self.checkpointer.save(directory, state, meta, {ckpt.METRICS: history})
-        return time.perf_counter() - t0
+        took = time.perf_counter() - t0
+        if directory == self.work_dir:
+            self_stop.saved(self.out_dir)  # tests only: CIFARFLOW_TEST_STOP_AT=save:<k>
+        return took
 
     def resume(self) -> Path | None:
         """Load the checkpoint rank 0 chose (resume.decide); every rank learns the choice
