@@ -293,6 +293,14 @@ def summary_rows(workdir: Path, name: str = "results/summary.csv") -> dict[str, 
         return {row["run"]: row for row in csv.DictReader(f)}
 
 
+def run_batches(workdir: Path, run: str) -> Path:
+    """The extracted split a workflow's run trains on: results/data/<its spec's data id>/."""
+    from cifarflow.data_folders import data_folder
+
+    spec = json.loads((Path(workdir) / f"results/runs/{run}/spec.json").read_text())
+    return Path(data_folder(str(Path(workdir) / "results"), spec["data_id"])) / data.BATCHES_DIR
+
+
 def final_states(workdir: Path) -> dict:
     """Every run's last published segment (state.pt), by run name."""
     return {run.name: state_of(max(run.glob("segment-*"), key=lambda p: int(p.name[8:])))

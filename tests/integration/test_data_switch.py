@@ -185,6 +185,7 @@ def documented_data_commands() -> list[str]:
     return found
 
 
+@pytest.mark.slow  # five snakemake runs: about 20 s
 def test_the_documented_data_commands_fetch_and_a_synthetic_plan_then_keeps_them(tmp_path,
                                                                                 served):
     """README's and docs/slurm.md's commands, run as written but with the local profile

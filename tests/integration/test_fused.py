@@ -245,8 +245,9 @@ def stopped_inside_an_epoch(results: Path, data: Path, runs: list[str]) -> dict:
 @pytest.mark.slow  # 6 fused trainings of 2 members: 90 s on a quiet machine
 def test_fused_segments_are_bit_identical_to_one_segment(tmp_path, cifar_dir):
     """Fused, 2 epochs in one segment == epoch 1, then epoch 2 == a segment stopped inside
-    epoch 1 (SIGUSR2 once its first in-segment save exists, the process frozen there), then
-    the rest. Every member's weights, optimizer state and metrics, bit for bit."""
+    epoch 1 (SIGUSR2 at its first in-segment save, where the process stopped itself), then
+    the rest, resumed at exactly batch 2. Every member's weights (and weights_sha256),
+    optimizer state and metrics, bit for bit."""
     sweep = {"lr": [0.03, 0.08], "optimizer": ["sgd", "adam"]}
     for name in ("one", "two"):
         runs = plan(tmp_path / name, sweep)
@@ -257,7 +258,7 @@ def test_fused_segments_are_bit_identical_to_one_segment(tmp_path, cifar_dir):
     first = stopped_inside_an_epoch(tmp_path / "stopped", cifar_dir, runs)
     said = []
     first = train_fused(tmp_path / "stopped", cifar_dir, runs, k=2, until=2, said=said)
-    assert "fused group of 2 (loop) on cpu, from epoch 1 batch 2" in said[0], said[0]
+    assert "fused group of 4 (loop) on cpu, from epoch 1 batch 2" in said[0], said[0]
     assert all(first[run]["done"] for run in runs)
     for run in runs:
         one = state_of(segment(tmp_path / "one", run, 1))
