@@ -125,10 +125,11 @@ def test_train_compile_compiles_the_fused_step(cifar_dir):
         assert group.compiled is compiled
         weights[compiled] = group.fused.flat.clone()
         assert not torch.equal(weights[compiled], start)  # it trained
+        for function in (FusedGroup._forward_loss, FusedOptimizer.update):
+            entries = _debug_get_cache_entry_list(function.__code__)  # dynamo's, per code
+            assert bool(entries) is compiled, f"{function.__qualname__}: {len(entries)} " \
+                f"compiled entries with train.compile {compiled}"
     assert counters["stats"]["unique_graphs"] >= 2, dict(counters["stats"])
-    for function in (FusedGroup._forward_loss, FusedOptimizer.update):
-        assert _debug_get_cache_entry_list(function.__code__), f"{function.__qualname__} " \
-            "was not compiled"
     table = group.optimizer.table
     hyper, hyper64 = table.at(group.optimizer.step_index)
     assert hyper.device == hyper64.device == group.fused.flat.device
