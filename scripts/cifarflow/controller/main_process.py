@@ -1,6 +1,7 @@
 """What only the process that plans does, once (not every job again): the checks at
-`snakemake -n` (the data folders, job venvs, the cluster, local GPUs), the run specs, what the plan
-says it submits, and the watches while it trains. A part of the WorkflowPlan. No torch."""
+`snakemake -n` (the data folders, job venvs, the cluster, local GPUs), the run specs, what
+the plan says it submits, and the watches while it trains. A part of the WorkflowPlan. No
+torch."""
 
 from __future__ import annotations
 
