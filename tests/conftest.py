@@ -195,6 +195,19 @@ def assert_bit_identical(sd_a: dict, sd_b: dict) -> None:
         assert torch.equal(sd_a[key], sd_b[key]), f"{key} differs"
 
 
+def weights_digest(directory) -> str:
+    """A published checkpoint's weights_sha256 (its manifest's), checked first against the
+    digest of the weights its own files hold (engine/digest.py)."""
+    from cifarflow.engine import checkpoint as ckpt
+    from cifarflow.engine.digest import checkpoint_weights_sha256
+
+    recorded = ckpt.read_manifest(directory, verify=False).get("weights_sha256")
+    assert recorded, f"{directory}: no weights_sha256 in its manifest"
+    assert recorded == checkpoint_weights_sha256(directory), \
+        f"{directory}: the manifest's weights_sha256 is not that of its weights"
+    return recorded
+
+
 def snakemake_command(workdir: Path, *args, configfile=None, config=()) -> list[str]:
     cmd = [str(Path(PY).parent / "snakemake"), "-s", str(ROOT / "Snakefile"),
            "--directory", str(workdir)]
@@ -206,10 +219,11 @@ def snakemake_command(workdir: Path, *args, configfile=None, config=()) -> list[
     return cmd + list(map(str, args))
 
 
-def start_snakemake(workdir: Path, *args, configfile=None, **popen) -> subprocess.Popen:
-    """snakemake in the background, its output captured (text)."""
-    return subprocess.Popen(snakemake_command(workdir, *args, configfile=configfile), env=ENV,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen)
+def start_snakemake(workdir: Path, *args, configfile=None, env=None, **popen) -> subprocess.Popen:
+    """snakemake in the background, its output captured (text); `env`: variables added."""
+    return subprocess.Popen(snakemake_command(workdir, *args, configfile=configfile),
+                            env={**ENV, **(env or {})}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, **popen)
 
 
 def snakemake(workdir: Path, *args, configfile=None, config=(), check=True, timeout=900,
@@ -293,6 +307,14 @@ def summary_rows(workdir: Path, name: str = "results/summary.csv") -> dict[str, 
         return {row["run"]: row for row in csv.DictReader(f)}
 
 
+def run_batches(workdir: Path, run: str) -> Path:
+    """The extracted split a workflow's run trains on: results/data/<its spec's data id>/."""
+    from cifarflow.data_folders import data_folder
+
+    spec = json.loads((Path(workdir) / f"results/runs/{run}/spec.json").read_text())
+    return Path(data_folder(str(Path(workdir) / "results"), spec["data_id"])) / data.BATCHES_DIR
+
+
 def final_states(workdir: Path) -> dict:
     """Every run's last published segment (state.pt), by run name."""
     return {run.name: state_of(max(run.glob("segment-*"), key=lambda p: int(p.name[8:])))
@@ -339,23 +361,78 @@ def training_spec(pid: int) -> str | None:
     return rest[rest.index("--spec") + 1]
 
 
-def train_until_saved(pids: list[int], work_dir: Path, step_s: float = 0.02,
-                      timeout: float = 600) -> dict:
-    """Freeze the training processes `pids` (SIGSTOP), then let them go on in steps of
-    `step_s` until their in-segment checkpoint (`work_dir`) exists; they stay frozen there,
-    before their segment ended, however fast the machine trains. Returns the checkpoint's
-    manifest (its "epoch" and "step" are where a resume goes on)."""
-    from cifarflow.engine import checkpoint as ckpt
+def thread_states(pid: int) -> list[str]:
+    """The state letter of each thread of `pid` (/proc/<pid>/task/*/stat); [] once it is gone."""
+    states = []
+    for stat in Path(f"/proc/{pid}/task").glob("*/stat"):
+        try:
+            states.append(stat.read_text().rsplit(")", 1)[1].split()[0])
+        except (OSError, IndexError):
+            pass
+    return states
 
+
+def wait_stopped(pid: int, timeout: float = 60) -> None:
+    """Until every thread of `pid` is stopped (state T): a SIGSTOP is not instant, and a
+    process inside a checkpoint's rename finishes it first."""
+    deadline = time.time() + timeout
+    while True:
+        states = thread_states(pid)
+        if not states or "Z" in states or "X" in states:
+            raise AssertionError(f"process {pid} ended before it stopped")
+        if all(s in "Tt" for s in states):
+            return
+        if time.time() > deadline:
+            raise AssertionError(f"process {pid} not stopped after {timeout} s: {states}")
+        time.sleep(0.002)
+
+
+def freeze(pids: list[int]) -> None:
     for pid in pids:
         os.kill(pid, signal.SIGSTOP)
+    for pid in pids:
+        wait_stopped(pid)
+
+
+def stop_at(point: str, where: str, marker: Path) -> dict:
+    """The environment that makes the training process of the segment whose path holds
+    `where` stop itself at `point` (before-first-batch, save:<k>; engine/self_stop.py),
+    the first time only: it writes its pid into `marker` (self_stopped reads it)."""
+    return {"CIFARFLOW_TEST_STOP_AT": f"{point}@{where}", "CIFARFLOW_TEST_STOPPED": str(marker)}
+
+
+def self_stopped(marker: Path, proc: subprocess.Popen | None = None, timeout: float = 600) -> int:
+    """The pid of the process that stopped itself (stop_at), once it is stopped; fails
+    loudly if it never does (or `proc`, what started it, ends first)."""
+    deadline = time.time() + timeout
+    while not Path(marker).is_file():
+        if proc is not None and proc.poll() is not None:
+            out = proc.communicate()[0] if proc.stdout else ""
+            raise AssertionError(f"no process stopped itself before its starter ended:\n"
+                                 f"{(out or '')[-3000:]}")
+        assert time.time() < deadline, f"no process stopped itself in {timeout} s ({marker})"
+        time.sleep(0.01)
+    pid = int(Path(marker).read_text())
+    wait_stopped(pid)
+    return pid
+
+
+def train_until_saved(pids: list[int], work_dir: Path, step_s: float = 0.02,
+                      timeout: float = 600) -> dict:
+    """Freeze the training processes `pids` (SIGSTOP, until /proc says stopped), then let
+    them go on in steps of `step_s` until their in-segment checkpoint (`work_dir`) exists;
+    they stay frozen there, before their segment ended, however fast the machine trains.
+    Returns the checkpoint's manifest (its "epoch" and "step" are where a resume goes on).
+    Where a test can choose, a process that stops itself (stop_at) needs no steps at all."""
+    from cifarflow.engine import checkpoint as ckpt
+
+    freeze(pids)
     deadline = time.time() + timeout
     while not (Path(work_dir) / "checkpoint.json").exists() and time.time() < deadline:
         for pid in pids:
             os.kill(pid, signal.SIGCONT)
         time.sleep(step_s)
-        for pid in pids:
-            os.kill(pid, signal.SIGSTOP)
+        freeze(pids)
     assert (Path(work_dir) / "checkpoint.json").exists(), f"no in-segment checkpoint in {work_dir}"
     return ckpt.read_manifest(work_dir)
 
@@ -374,6 +451,17 @@ def sweep_config(path: Path, runs: int, runs_per_job: int, train: str = "",
                                  k=runs_per_job, train=f", {train}" if train else "",
                                  mem_mb=mem_mb))
     return path
+
+
+def assert_equal_to_unpacked(workdir: Path, unpacked_sweep: dict) -> None:
+    """Every run's final weights are the unpacked sweep's: bit for bit, and by the
+    weights_sha256 summary.csv shows."""
+    from cifarflow.engine.digest import weights_sha256
+
+    rows = summary_rows(workdir)
+    for run, state in final_states(workdir).items():
+        assert_bit_identical(state["model"], unpacked_sweep[run]["model"])
+        assert rows[run]["weights_sha256"] == weights_sha256(unpacked_sweep[run]["model"]), run
 
 
 @pytest.fixture(scope="session")

@@ -93,7 +93,15 @@ def cmd_install_optional(a) -> None:
 def cmd_show(a) -> None:
     from .results.show import show
 
-    print(show(Path(a.results), top=a.top))
+    print(show(Path(a.results), top=a.top, digest=a.digest))
+
+
+def cmd_compare(a) -> None:
+    from .results.compare import compare, describe
+
+    result = compare(Path(a.a), Path(a.b))
+    print(describe(result, Path(a.a), Path(a.b)))
+    sys.exit(0 if result.all_match else 1)
 
 
 def cmd_controller_job(a) -> None:
@@ -180,7 +188,15 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("results", nargs="?", default="results", help="the results directory (or "
                    "results/partial, or a summary.csv)")
     s.add_argument("--top", type=int, default=20, help="runs shown, most accurate first (0: all)")
+    s.add_argument("--digest", action="store_true", help="each run's weights_sha256 too (its "
+                   "final weights' fingerprint)")
     s.set_defaults(func=cmd_show)
+
+    k = sub.add_parser("compare", help="which runs of two results folders ended with "
+                       "bit-identical weights (weights_sha256); exit 0 when all common runs do")
+    k.add_argument("a", help="a results directory (or its summary.csv)")
+    k.add_argument("b", help="the other")
+    k.set_defaults(func=cmd_compare)
 
     c = sub.add_parser("controller-job", help="run the workflow's Snakemake as a 1-core Slurm "
                        "job (not on the login node) and follow its log: controller-job "

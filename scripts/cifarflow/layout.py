@@ -8,11 +8,6 @@ import re
 from dataclasses import dataclass
 
 
-def data_dir(results: str) -> str:
-    """The dataset every run reads, fetched and extracted once (the data rules)."""
-    return f"{results}/data"
-
-
 @dataclass(frozen=True)
 class RunPaths:
     results: str

@@ -9,7 +9,7 @@ import re
 import pytest
 
 from conftest import (ROOT, assert_bit_identical, cli, metrics_of, same_metrics, snakemake,
-                      state_of, summary_rows, train)
+                      run_batches, state_of, summary_rows, train)
 
 CONFIGS = ROOT / "tests" / "configs"
 
@@ -61,7 +61,7 @@ def test_fastnet_recipe_trains_and_resumes_bit_exactly_through_snakemake(tmp_pat
                                                              "flip")
     log = (tmp_path / "results/logs/train/cpu/segment-2.log").read_text()
     assert "resumed from results/runs/cpu/segment-1 at epoch 2" in log
-    cli("train", "--spec", run / "spec.json", "--data", tmp_path / "results/data/cifar-10-batches-py",
+    cli("train", "--spec", run / "spec.json", "--data", run_batches(tmp_path, "cpu"),
         "--out", tmp_path / "whole", "--threads", 2)
     assert_bit_identical(state_of(tmp_path / "whole")["model"], state_of(run / "segment-2")["model"])
     history = metrics_of(tmp_path / "whole")

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conftest import (ENV, PY, ROOT, assert_bit_identical, cli, metrics_of, same_metrics, spec,
-                      state_of, train)
+                      state_of, train, weights_digest)
 from cifarflow.engine import checkpoint as ckpt
 from cifarflow.job.launch import launch_argv, world_of
 from cifarflow.engine.strategies.base import StrategyError
@@ -55,6 +55,7 @@ def test_ddp_segments_resume_exactly(cifar_dir, ddp_b, tmp_path):
     train(cifar_dir, tmp_path / "s1", until_epoch=1, **kw)
     train(cifar_dir, tmp_path / "s2", resume=tmp_path / "s1", **kw)
     assert_bit_identical(state_of(ddp_b)["model"], state_of(tmp_path / "s2")["model"])
+    assert weights_digest(ddp_b) == weights_digest(tmp_path / "s2")  # DDP's module. unwrapped
     assert same_metrics(metrics_of(ddp_b), metrics_of(tmp_path / "s2"))
 
 
@@ -79,6 +80,8 @@ def test_fsdp_matches_ddp_and_its_sharded_checkpoint_resumes(cifar_dir, ddp_b, t
     whole = tmp_path / "whole"
     train(cifar_dir, whole, **kw)
     assert_bit_identical(fsdp_full_weights(whole), fsdp)
+    # the digest the ranks computed over their shards is that of the gathered weights
+    assert weights_digest(whole) == weights_digest(tmp_path / "s2")
     assert same_metrics(metrics_of(whole), metrics_of(tmp_path / "s2"))
 
 
@@ -147,6 +150,7 @@ def test_lightning_two_processes_beat_chance_and_resume(cifar_dir, tmp_path):
     assert ckpt.read_manifest(tmp_path / "s2")["done"]
     train(cifar_dir, tmp_path / "whole", **kw)
     assert_bit_identical(state_of(tmp_path / "whole")["model"], state_of(tmp_path / "s2")["model"])
+    assert weights_digest(tmp_path / "whole") == weights_digest(tmp_path / "s2")
 
 
 @pytest.mark.parametrize("strategy, extra", [

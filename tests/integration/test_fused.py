@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import (ENV, PY, ROOT, SYNTHETIC, assert_bit_identical, cli, final_states,
-                      metrics_of, snakemake, state_of, summary_rows, sweep_config,
-                      train_until_saved)
+from conftest import (ENV, PY, ROOT, SYNTHETIC, assert_bit_identical, assert_equal_to_unpacked,
+                      cli, metrics_of, self_stopped, snakemake, state_of, stop_at, summary_rows,
+                      sweep_config, weights_digest)
 
 from cifarflow.engine.checkpoint import read_manifest
 from cifarflow.config import TrainConfig, with_defaults
@@ -120,12 +120,15 @@ def test_members_train_as_alone_each_with_its_own_hyperparameters(tmp_path, cifa
         train_alone(alone_dir, cifar_dir, run)
         fused, alone = state_of(segment(fused_dir, run, 1)), state_of(segment(alone_dir, run, 1))
         assert_bit_identical(fused["model"], alone["model"])
+        # the fused member's digest, computed on its view of the flat row, is the alone one's
+        assert weights_digest(segment(fused_dir, run, 1)) == weights_digest(segment(alone_dir, run, 1))
         assert_same_optimizer_state(fused["optimizer"]["state"], alone["optimizer"]["state"])
         assert fused["optimizer"]["param_groups"][0]["lr"] == pytest.approx(
             alone["optimizer"]["param_groups"][0]["lr"], rel=1e-12)
         fm, am = metrics_of(segment(fused_dir, run, 1)), metrics_of(segment(alone_dir, run, 1))
         assert [r["epoch"] for r in fm] == [1, 2]
-        assert [r["train_loss"] for r in fm] == [r["train_loss"] for r in am]
+        assert [(r["train_loss"], r["train_acc"], r["test_acc"]) for r in fm] == \
+            [(r["train_loss"], r["train_acc"], r["test_acc"]) for r in am]
         for f, a in zip(fm, am):
             assert f["lr"] == pytest.approx(a["lr"], rel=1e-12)
         log = Path(RunPaths(str(fused_dir), run).log(1)).read_text()
@@ -211,34 +214,40 @@ def test_batchnorm_members_keep_their_own_running_statistics(tmp_path, cifar_dir
 
 
 def stopped_inside_an_epoch(results: Path, data: Path, runs: list[str]) -> dict:
-    """Segment 1 of a fused group stopped by SIGUSR2 at its first in-segment save (frozen
-    there, so the stop comes inside epoch 1 on any machine); its status."""
+    """Segment 1 of a fused group stopped by SIGUSR2 inside epoch 1: the process stops
+    itself right after the first in-segment save (batch 1) of runs[0], gets the signal
+    there, trains one more batch and publishes every member at batch 2; its status."""
     status = results / "status-1.json"
+    marker = results / "stopped.pid"
     proc = subprocess.Popen([PY, "-m", "cifarflow", "train-fused", "--pack", "p", "--segment",
                              "1", "--results", str(results), "--data", str(data),
                              "--until-epoch", "2", "--threads", "2", "--budget-min", "60",
                              "--mode", "loop", "--status", str(status), "--members", *runs],
-                            env=MODELS, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            env={**MODELS, **stop_at("save:1", f"{runs[0]}/segment-1", marker)},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        saved = train_until_saved([proc.pid], Path(RunPaths(str(results), runs[0]).work))
+        self_stopped(marker, proc)
+        saved = read_manifest(Path(RunPaths(str(results), runs[0]).work))
         os.kill(proc.pid, signal.SIGUSR2)
         os.kill(proc.pid, signal.SIGCONT)
         out = proc.communicate(timeout=600)[0]
     finally:
         proc.kill()
     assert proc.returncode == 0, out[-3000:]
-    for run in runs:  # inside epoch 1: a batch after the save it was frozen at
+    assert (saved["epoch"], saved["step"]) == (0, 1), saved
+    for run in runs:  # exactly one batch after the save it stopped at
         manifest = read_manifest(segment(results, run, 1))
-        assert (manifest["epoch"], manifest["done"]) == (saved["epoch"], False), manifest
-        assert 0 < saved["step"] <= manifest["step"] < 20, manifest  # 20 batches an epoch
+        assert (manifest["epoch"], manifest["step"], manifest["done"]) == (0, 2, False), manifest
+    marker.unlink()  # a later stop may claim it again
     return json.loads(status.read_text())
 
 
 @pytest.mark.slow  # 6 fused trainings of 2 members: 90 s on a quiet machine
 def test_fused_segments_are_bit_identical_to_one_segment(tmp_path, cifar_dir):
     """Fused, 2 epochs in one segment == epoch 1, then epoch 2 == a segment stopped inside
-    epoch 1 (SIGUSR2 once its first in-segment save exists, the process frozen there), then
-    the rest. Every member's weights, optimizer state and metrics, bit for bit."""
+    epoch 1 (SIGUSR2 at its first in-segment save, where the process stopped itself), then
+    the rest, resumed at exactly batch 2. Every member's weights (and weights_sha256),
+    optimizer state and metrics, bit for bit."""
     sweep = {"lr": [0.03, 0.08], "optimizer": ["sgd", "adam"]}
     for name in ("one", "two"):
         runs = plan(tmp_path / name, sweep)
@@ -247,18 +256,41 @@ def test_fused_segments_are_bit_identical_to_one_segment(tmp_path, cifar_dir):
     train_fused(tmp_path / "two", cifar_dir, runs, k=1, until=1)
     train_fused(tmp_path / "two", cifar_dir, runs, k=2, until=2)
     first = stopped_inside_an_epoch(tmp_path / "stopped", cifar_dir, runs)
-    k = 1
-    while not all(first[run]["done"] for run in runs):
-        k += 1
-        first = train_fused(tmp_path / "stopped", cifar_dir, runs, k=k, until=2)
+    said = []
+    first = train_fused(tmp_path / "stopped", cifar_dir, runs, k=2, until=2, said=said)
+    assert "fused group of 4 (loop) on cpu, from epoch 1 batch 2" in said[0], said[0]
+    assert all(first[run]["done"] for run in runs)
     for run in runs:
         one = state_of(segment(tmp_path / "one", run, 1))
-        for other, last in (("two", 2), ("stopped", k)):
+        for other, last in (("two", 2), ("stopped", 2)):
             state = state_of(segment(tmp_path / other, run, last))
             assert_bit_identical(state["model"], one["model"])
+            assert weights_digest(segment(tmp_path / other, run, last)) == \
+                weights_digest(segment(tmp_path / "one", run, 1))
             assert_same_optimizer_state(state["optimizer"]["state"], one["optimizer"]["state"])
             assert [r["train_loss"] for r in metrics_of(segment(tmp_path / other, run, last))] \
                 == [r["train_loss"] for r in metrics_of(segment(tmp_path / "one", run, 1))]
+
+
+@pytest.mark.slow  # 3 vmap fused trainings of 2 members: about 25 s of CPU
+def test_vmap_fused_segments_equal_one_segment_within_tolerance(tmp_path, cifar_dir):
+    """vmap fusion (grouped convolutions, as on CUDA), 2 epochs in one segment against epoch
+    1, then epoch 2 in a second segment resumed from the members' unfused checkpoints: the
+    same weights within ATOL/RTOL (the flat buffers round-trip through the checkpoints
+    exactly, so on one machine they are equal bit for bit), the same accuracies."""
+    sweep = {"lr": [0.03], "optimizer": ["sgd", "adam"]}
+    for name in ("one", "two"):
+        runs = plan(tmp_path / name, sweep)
+    train_fused(tmp_path / "one", cifar_dir, runs, mode="vmap")
+    train_fused(tmp_path / "two", cifar_dir, runs, k=1, until=1, mode="vmap")
+    train_fused(tmp_path / "two", cifar_dir, runs, k=2, until=2, mode="vmap")
+    for run in runs:
+        one, two = segment(tmp_path / "one", run, 1), segment(tmp_path / "two", run, 2)
+        assert_close(state_of(two)["model"], state_of(one)["model"], f"{run} vmap")
+        assert [(r["epoch"], r["test_acc"]) for r in metrics_of(two)] == \
+            [(r["epoch"], r["test_acc"]) for r in metrics_of(one)]
+        assert [r["train_loss"] for r in metrics_of(two)] == \
+            pytest.approx([r["train_loss"] for r in metrics_of(one)], rel=RTOL)
 
 
 @pytest.mark.slow  # a frozen stop, 4 fused segments and 2 alone: about 45 s
@@ -383,7 +415,7 @@ def test_a_fused_sweep_through_the_workflow(tmp_path, unpacked_sweep):
     assert sorted(rows) == ["cpu_lr0p01", "cpu_lr0p02", "cpu_lr0p03", "cpu_lr0p04"]
     assert {row["status"] for row in rows.values()} == {"ok"}
     assert {row["segments"] for row in rows.values()} == {"2"}
-    for run, state in final_states(tmp_path).items():
-        assert_bit_identical(state["model"], unpacked_sweep[run]["model"])
+    assert_equal_to_unpacked(tmp_path, unpacked_sweep)
+    for run in rows:
         logs = tmp_path / "results/logs/train" / run
         assert (logs / "segment-2.log").resolve().name == "segment-2.attempt1.log"

@@ -103,9 +103,15 @@ def test_a_fused_group_holds_one_copy_of_the_data(cifar_dir, k):
 @pytest.mark.slow  # torch.compile of the fused forward, backward and update: ~30 s on this CPU
 def test_train_compile_compiles_the_fused_step(cifar_dir):
     """train.compile in a fused group: the forward with its loss (and so its backward) and
-    the optimizer's update are compiled, with no fallback said; three steps end within
-    float tolerance of the same group uncompiled (inductor fuses the arithmetic anew)."""
+    the optimizer's update are compiled (each function's code holds a compiled entry), with
+    no fallback said; the update reads its step's row of the hyper-parameter table, a view
+    on the group's device; three steps end within float tolerance of the same group
+    uncompiled (inductor fuses the arithmetic anew)."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
     from torch._dynamo.utils import counters
+
+    from cifarflow.engine.fused import FusedGroup
+    from cifarflow.engine.fused_optim import FusedOptimizer
 
     counters.clear()
     said, weights = [], {}
@@ -119,7 +125,16 @@ def test_train_compile_compiles_the_fused_step(cifar_dir):
         assert group.compiled is compiled
         weights[compiled] = group.fused.flat.clone()
         assert not torch.equal(weights[compiled], start)  # it trained
+        for function in (FusedGroup._forward_loss, FusedOptimizer.update):
+            entries = _debug_get_cache_entry_list(function.__code__)  # dynamo's, per code
+            assert bool(entries) is compiled, f"{function.__qualname__}: {len(entries)} " \
+                f"compiled entries with train.compile {compiled}"
     assert counters["stats"]["unique_graphs"] >= 2, dict(counters["stats"])
+    table = group.optimizer.table
+    hyper, hyper64 = table.at(group.optimizer.step_index)
+    assert hyper.device == hyper64.device == group.fused.flat.device
+    assert hyper.untyped_storage().data_ptr() == table.rows.untyped_storage().data_ptr()
+    assert hyper64.untyped_storage().data_ptr() == table.rows64.untyped_storage().data_ptr()
     assert not [line for line in said if "uncompiled" in line], said
     assert torch.allclose(weights[True], weights[False], rtol=1e-4, atol=1e-5)
 

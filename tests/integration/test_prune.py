@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from conftest import ROOT, assert_bit_identical, cli, metrics_of, snakemake, state_of, summary_rows
+from conftest import (ROOT, assert_bit_identical, cli, metrics_of, run_batches, snakemake,
+                      state_of, summary_rows)
 
 
 CONFIG = ROOT / "tests" / "configs" / "prune" / "config.yaml"
@@ -60,7 +61,7 @@ def test_the_winner_is_bit_identical_to_the_same_run_without_pruning(pruned_swee
     winner = min((r for r in rows if rows[r]["status"] == "ok"),
                  key=lambda r: (-float(rows[r]["test_acc"]), r))
     cli("train", "--spec", work / f"results/runs/{winner}/spec.json", "--data",
-        work / "results/data/cifar-10-batches-py", "--out", tmp_path / "whole", "--threads", 1)
+        run_batches(work, winner), "--out", tmp_path / "whole", "--threads", 1)
     assert_bit_identical(state_of(work / f"results/runs/{winner}/segment-3")["model"],
                          state_of(tmp_path / "whole")["model"])
 

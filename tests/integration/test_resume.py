@@ -7,7 +7,8 @@ import shutil
 
 import pytest
 
-from conftest import PY, assert_bit_identical, cli, metrics_of, same_metrics, spec, state_of, train
+from conftest import (PY, assert_bit_identical, cli, metrics_of, same_metrics, spec, state_of, train,
+                      weights_digest)
 from cifarflow.engine import checkpoint as ckpt
 from cifarflow.results.table import summarize_run
 
@@ -37,6 +38,7 @@ def test_furthest_checkpoint_wins_and_resumes_exactly(cifar_dir, chain, tmp_path
     out = segment_2(cifar_dir, chain, tmp_path, work)
     assert f"resumed from {work} at epoch 2" in out.stdout  # ahead of segment-1
     assert_bit_identical(state_of(chain / "whole")["model"], state_of(tmp_path / "segment-2")["model"])
+    assert weights_digest(chain / "whole") == weights_digest(tmp_path / "segment-2")
     assert same_metrics(metrics_of(chain / "whole"), metrics_of(tmp_path / "segment-2"))
 
 
@@ -53,10 +55,12 @@ def test_damaged_work_dir_is_a_logged_fallback_shown_in_the_summary(cifar_dir, c
     events = ckpt.read_manifest(tmp_path / "segment-2")["events"]
     assert len(events) == 1 and "state.pt fails its sha256 check" in events[0]
     assert_bit_identical(state_of(chain / "whole")["model"], state_of(tmp_path / "segment-2")["model"])
+    assert weights_digest(chain / "whole") == weights_digest(tmp_path / "segment-2")
     row = summarize_run("cpu", {"strategy": "cpu", "spec": {"model": "lenet", "batch_size": 100, "device": "cpu",
                                                             "epochs": 3}, "resources": {},
                                 "metrics": str(tmp_path / "segment-2" / "metrics.jsonl")})
     assert "fell back to" in row["fallbacks"] and row["status"] == "ok"
+    assert row["weights_sha256"] == weights_digest(chain / "whole")  # summary.csv's column
 
 
 def test_work_dir_of_another_config_is_refused(cifar_dir, chain, tmp_path):

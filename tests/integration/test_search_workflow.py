@@ -3,9 +3,11 @@ worse half pruned after segment 1), interrupted after round 1 and run again; the
 back by Optuna; the dashboard rendered in headless Chromium; bad input at `snakemake -n`."""
 
 import json
-import socket
+import re
+import select
 import subprocess
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -92,10 +94,34 @@ def test_summary_advice_and_show_carry_the_study(searched):
     assert f"- trial {best.number} ({best.user_attrs['run']}): {best.value:.4g}: lr=" in shown
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def announced_port(server: subprocess.Popen, timeout: float = 60) -> int:
+    """The port `cifarflow dashboard` bound itself (port 0: the system's free one, no race
+    with another process) and printed; fails loudly with what it said if it never does."""
+    said, deadline = [], time.time() + timeout
+    while time.time() < deadline:
+        ready, _, _ = select.select([server.stdout], [], [], max(0.0, deadline - time.time()))
+        line = server.stdout.readline() if ready else ""
+        said.append(line)
+        found = re.search(r"on http://127\.0\.0\.1:(\d+)/dashboard/", line)
+        if found:
+            return int(found.group(1))
+        if not line and server.poll() is not None:
+            break
+    pytest.fail(f"cifarflow dashboard printed no port in {timeout} s:\n{''.join(said)[-3000:]}")
+
+
+def answers(port: int, timeout: float = 60) -> None:
+    """The server answers HTTP on `port` within `timeout`, or the test fails saying so."""
+    deadline, error = time.time() + timeout, None
+    while time.time() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/dashboard/", timeout=5) as r:
+                if r.status == 200:
+                    return
+        except OSError as exc:
+            error = exc
+        time.sleep(0.2)
+    pytest.fail(f"the dashboard on port {port} did not answer in {timeout} s: {error}")
 
 
 def rendered(url: str, profile) -> list[str]:
@@ -106,18 +132,11 @@ def rendered(url: str, profile) -> list[str]:
 
 def test_the_dashboard_renders_the_study_in_chromium(searched, tmp_path):
     work, study, _, _, _, _ = searched
-    port = free_port()
-    server = subprocess.Popen([str(Path(PY).parent / "cifarflow"), "dashboard", str(work / "results"),
-                               "--port", str(port)], stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True)
+    server = subprocess.Popen([str(Path(PY).parent / "cifarflow"), "dashboard", str(work / "results")],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                time.sleep(0.2)
+        port = announced_port(server)
+        answers(port)
         base = f"http://127.0.0.1:{port}/dashboard"
         assert any(study in line for line in rendered(f"{base}/", tmp_path / "p1"))
         trials = rendered(f"{base}/studies/0/trials", tmp_path / "p2")

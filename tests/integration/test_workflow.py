@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (ENV, PY, ROOT, assert_bit_identical, metrics_of, probe_wheel, process_tree,
-                      snakemake, state_of, summary_rows, train_until_saved, training_spec)
+from conftest import (ENV, PY, ROOT, assert_bit_identical, cli, metrics_of, probe_wheel,
+                      self_stopped, snakemake, state_of, stop_at, summary_rows, weights_digest)
 from cifarflow.engine import checkpoint as ckpt
 
 CONFIGS = ROOT / "tests" / "configs"
@@ -366,18 +366,6 @@ def test_report_renders_in_chromium(sweep_run, tmp_path):
     assert "Plots" not in unrendered.lines and "throughput_accuracy.png" in report.read_text()
 
 
-def wait_for_training(proc: subprocess.Popen, timeout: float = 300) -> list[int]:
-    """The `cifarflow train` processes of a local snakemake run, found in its process tree,
-    once they exist."""
-    deadline = time.time() + timeout
-    while time.time() < deadline and proc.poll() is None:
-        training = [pid for pid in process_tree(proc.pid) if training_spec(pid)]
-        if training:
-            return training
-        time.sleep(0.01)
-    raise AssertionError("the run's training process never appeared")
-
-
 @pytest.mark.slow
 def test_sigkill_mid_segment_resumes_from_the_last_in_segment_checkpoint(tmp_path):
     cfg = CONFIGS / "kill" / "config.yaml"
@@ -385,12 +373,14 @@ def test_sigkill_mid_segment_resumes_from_the_last_in_segment_checkpoint(tmp_pat
     killed.mkdir()
     cmd = [str(Path(PY).parent / "snakemake"), "-s", str(ROOT / "Snakefile"), "--directory",
            str(killed), "--configfile", str(cfg), "--cores", "2"]
-    proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    # the training stops itself right after its first in-segment save: killed there, it
+    # is mid-segment however fast the machine trains
+    marker = tmp_path / "stopped.pid"
+    proc = subprocess.Popen(cmd, env={**ENV, **stop_at("save:1", "runs/cpu/segment-1", marker)},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
-    # the training, frozen from its start, goes on in steps until its first in-segment save:
-    # killed then, it is mid-segment however fast the machine trains
-    training = wait_for_training(proc)
-    saved = train_until_saved(training, killed / "results/runs/cpu/work", step_s=0.2)
+    self_stopped(marker, proc)
+    saved = ckpt.read_manifest(killed / "results/runs/cpu/work")
     assert not saved["done"]
     os.killpg(proc.pid, signal.SIGKILL)  # the node dies: snakemake and training at once
     proc.wait()
@@ -405,6 +395,8 @@ def test_sigkill_mid_segment_resumes_from_the_last_in_segment_checkpoint(tmp_pat
     snakemake(clean, "--cores", 2, configfile=cfg)
     assert_bit_identical(state_of(clean / "results/runs/cpu/segment-1")["model"],
                          state_of(killed / "results/runs/cpu/segment-1")["model"])
+    assert weights_digest(clean / "results/runs/cpu/segment-1") == \
+        weights_digest(killed / "results/runs/cpu/segment-1")
 
 
 @pytest.mark.slow  # a whole workflow run, frozen then let on: about 15 s
@@ -412,10 +404,11 @@ def test_second_workflow_in_the_same_directory_is_refused(tmp_path):
     cfg = CONFIGS / "kill" / "config.yaml"
     cmd = [str(Path(PY).parent / "snakemake"), "-s", str(ROOT / "Snakefile"), "--directory",
            str(tmp_path), "--configfile", str(cfg), "--cores", "1"]
-    first = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    training = wait_for_training(first)  # the first run holds its lock while it trains:
-    for pid in training:                 # frozen there, it is still running, however fast
-        os.kill(pid, signal.SIGSTOP)
+    marker = tmp_path / "stopped.pid"  # the first run holds its lock while it trains:
+    first = subprocess.Popen(  # stopped there from its first batch, it is still running
+        cmd, env={**ENV, **stop_at("before-first-batch", "runs/cpu/segment-1", marker)},
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    training = [self_stopped(marker, first)]
     try:
         second = snakemake(tmp_path, "--cores", 1, configfile=cfg, check=False)
     finally:
@@ -482,26 +475,24 @@ def test_a_dry_run_refuses_job_requirements_the_wheelhouse_lacks(tmp_path):
 
 @pytest.mark.slow
 def test_a_failed_attempt_is_retried_resumes_and_keeps_its_log(tmp_path):
-    """The training process dies mid-segment (OOM killer, node trouble), frozen at a known
-    in-segment save first so the kill point does not depend on the machine's speed; with
-    --retries the next attempt resumes from exactly that save, ends bit-identical to an
-    uninterrupted run, the first attempt's log is kept, and summary.csv counts the attempts."""
+    """The training process dies mid-segment (OOM killer, node trouble): it stops itself
+    right after its first in-segment save (batch 1), so the kill point does not depend on
+    the machine's speed; with --retries the next attempt resumes from exactly that save,
+    ends bit-identical to an uninterrupted run (its weights_sha256 too), the first
+    attempt's log is kept, and summary.csv counts the attempts."""
     often = tmp_path / "often.yaml"  # a save after every batch: the kill lands mid-segment
     often.write_text("train: {epochs: 2, checkpoint_interval_s: 0.001}\n")
     configs = [CONFIGS / "kill" / "config.yaml", often]
     cmd = [str(Path(PY).parent / "snakemake"), "-s", str(ROOT / "Snakefile"), "--directory",
            str(tmp_path / "killed"), "--configfile", *map(str, configs), "--cores", "2",
            "--retries", "1"]
-    proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
-    deadline, training = time.time() + 300, []
-    while not training and proc.poll() is None and time.time() < deadline:
-        training = [pid for pid in process_tree(proc.pid)
-                    if training_spec(pid) == "results/runs/cpu/spec.json"]
-        time.sleep(0.02)
-    assert len(training) == 1, training
-    saved = train_until_saved(training, tmp_path / "killed/results/runs/cpu/work")
-    os.kill(training[0], signal.SIGKILL)
+    marker = tmp_path / "stopped.pid"
+    proc = subprocess.Popen(cmd, env={**ENV, **stop_at("save:1", "runs/cpu/segment-1", marker)},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    pid = self_stopped(marker, proc)
+    saved = ckpt.read_manifest(tmp_path / "killed/results/runs/cpu/work")
+    assert (saved["epoch"], saved["step"]) == (0, 1), saved
+    os.kill(pid, signal.SIGKILL)
     output = proc.communicate(timeout=600)[0]
     assert proc.returncode == 0, output[-3000:]
     logs = tmp_path / "killed/results/logs/train/cpu"
@@ -514,6 +505,8 @@ def test_a_failed_attempt_is_retried_resumes_and_keeps_its_log(tmp_path):
     snakemake(tmp_path / "whole", "--cores", 2, configfile=configs)  # its uninterrupted twin
     assert_bit_identical(state_of(tmp_path / "killed/results/runs/cpu/segment-1")["model"],
                          state_of(tmp_path / "whole/results/runs/cpu/segment-1")["model"])
+    compared = cli("compare", tmp_path / "killed/results", tmp_path / "whole/results")
+    assert "cpu  identical" in compared.stdout  # exit 0: every common run identical
     row = read_summary(tmp_path / "killed/results/summary.csv")[0]
     assert (row["status"], row["segments"], row["attempts"], row["early_stops"]) == \
         ("ok", "1", "2", "0")

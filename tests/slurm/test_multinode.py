@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from conftest import PY, ROOT, assert_bit_identical, build_wheelhouse, cli, metrics_of, state_of
-from conftest import probe_wheel, slurm_job_prefix, slurm_jobs, summary_rows, train_until_saved
+from conftest import (probe_wheel, run_batches, slurm_job_prefix, slurm_jobs, summary_rows,
+                      train_until_saved)
 from cifarflow.controller.wheelhouse import CORE_STACK, CURVES, installed_closure, job_requirements
 from alliance import GPU_ACCOUNT
 from test_slurm import CONFIG, job_state, slurm, start_slurm, submitted, training_processes
@@ -53,7 +54,7 @@ def reference_model(work: Path, run: str, tmp_path: Path, nproc: int) -> dict:
     """The same spec trained in one go by local processes on this host."""
     cli("launch", "--nproc", nproc, "--", PY, "-m", "cifarflow", "train",
         "--spec", work / f"results/runs/{run}/spec.json",
-        "--data", work / "results/data/cifar-10-batches-py", "--out", tmp_path / f"ref-{run}",
+        "--data", run_batches(work, run), "--out", tmp_path / f"ref-{run}",
         "--threads", 1, timeout=900)
     return state_of(tmp_path / f"ref-{run}")["model"]
 
@@ -113,7 +114,7 @@ def test_a_run_across_nodes_equals_the_same_run_on_one_host(one_rank_per_node, t
                          reference_model(work, "ddp", tmp_path, nproc=2))
     refused = cli("launch", "--nproc", 2, "--", PY, "-m", "cifarflow", "train", "--spec",
                   work / "results/runs/lightning/spec.json", "--data",
-                  work / "results/data/cifar-10-batches-py", "--out", tmp_path / "l", check=False)
+                  run_batches(work, "lightning"), "--out", tmp_path / "l", check=False)
     assert "lightning on 2 nodes takes its ranks from srun" in refused.stdout + refused.stderr
 
 

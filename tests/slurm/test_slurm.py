@@ -16,7 +16,7 @@ import pytest
 
 from conftest import (ROOT, SLURM_RUNS, assert_bit_identical, cancel_slurm_jobs, cli,
                       slurm_job_prefix, slurm_jobs, snakemake, start_snakemake, state_of,
-                      summary_rows, train_until_saved, training_spec)
+                      summary_rows, train_until_saved, training_spec, run_batches)
 from alliance import CPU_ACCOUNT
 from cifarflow.engine import checkpoint as ckpt
 from cifarflow.slurm import fields
@@ -227,7 +227,7 @@ def test_job_killed_for_its_time_limit_is_retried_and_resumes(tmp_path):
     assert ckpt.read_manifest(tmp_path / "results/runs/cpu/segment-1")["done"]
     twin = tmp_path / "uninterrupted"  # the same spec trained in one go, outside Slurm
     cli("train", "--spec", tmp_path / "results/runs/cpu/spec.json", "--data",
-        tmp_path / "results/data/cifar-10-batches-py", "--out", twin, "--threads", 1,
+        run_batches(tmp_path, "cpu"), "--out", twin, "--threads", 1,
         timeout=900)
     assert_bit_identical(state_of(twin)["model"],
                          state_of(tmp_path / "results/runs/cpu/segment-1")["model"])

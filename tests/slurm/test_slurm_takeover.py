@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import assert_bit_identical, cli, snakemake, state_of
+from conftest import assert_bit_identical, cli, run_batches, snakemake, state_of
 from cifarflow.engine import checkpoint as ckpt
 from cifarflow.job import takeover
 from cifarflow.job import tries
@@ -52,7 +52,7 @@ def test_a_rerun_after_the_controller_died_takes_over_the_live_job(tmp_path):
     assert (f"resumed from results/runs/cpu/work at epoch {stop['epoch'] + 1}, batch "
             f"{stop['step']}\n") in log, log[-3000:]
     cli("train", "--spec", tmp_path / "results/runs/cpu/spec.json", "--data",
-        tmp_path / "results/data/cifar-10-batches-py", "--out", tmp_path / "reference",
+        run_batches(tmp_path, "cpu"), "--out", tmp_path / "reference",
         "--threads", 1, timeout=900)
     assert_bit_identical(state_of(tmp_path / "results/runs/cpu/segment-1")["model"],
                          state_of(tmp_path / "reference")["model"])

@@ -158,6 +158,61 @@ def test_rounds_are_told_once_and_asked_once(tmp_path):
     assert best.value == max(t.value for t in study.trials)
 
 
+class Crash(Exception):
+    """The ask job killed (node trouble, Ctrl-C) at a chosen point."""
+
+
+def test_a_crash_between_the_tell_and_the_rounds_record_tells_nothing_twice(tmp_path,
+                                                                           monkeypatch):
+    """Round 2's ask job crashes twice: after telling 3 of round 1's 6 trials, then after
+    telling the rest and asking round 2 but before writing the round's record. Each rerun
+    tells only what was not told, asks only what was not asked, and the study ends with
+    every trial once and its one value."""
+    search, records = search_of(samples=6), {}
+    tell_round(search, tmp_path, 1, records)
+    outcomes = {name: Outcome("COMPLETE", objective(t["params"]), {1: objective(t["params"])})
+                for name, t in records[1]["trials"].items()}
+    journal, record = str(tmp_path / "study.journal"), str(tmp_path / "round-2.json")
+    said = []
+
+    def crash_after_three_tells(line):
+        said.append(line)
+        if sum(s.startswith("told") for s in said) == 3:
+            raise Crash
+
+    with pytest.raises(Crash):
+        tell_and_ask(search, "cpu", 2, outcomes, journal, record, log=crash_after_three_tells)
+    first_told = [s.split()[3].strip("():") for s in said if s.startswith("told")]
+    assert len(first_told) == 3 and not (tmp_path / "round-2.json").exists()
+
+    import cifarflow.engine.checkpoint as ckpt
+
+    def no_record(path, text):
+        raise Crash
+
+    said.clear()
+    monkeypatch.setattr(ckpt, "atomic_write_text", no_record)
+    with pytest.raises(Crash):
+        tell_and_ask(search, "cpu", 2, outcomes, journal, record, log=said.append)
+    monkeypatch.undo()
+    second_told = [s.split()[3].strip("():") for s in said if s.startswith("told")]
+    asked = {s.split()[3].strip("():"): int(s.split()[2]) for s in said if s.startswith("asked")}
+    assert sorted(first_told + second_told) == sorted(outcomes)  # each told once so far
+    assert len(asked) == 6 and not (tmp_path / "round-2.json").exists()
+
+    said.clear()
+    done = tell_and_ask(search, "cpu", 2, outcomes, journal, record, log=said.append)
+    assert said == []  # nothing told, nothing asked again
+    assert done["told"] == {name: "COMPLETE" for name in outcomes}
+    assert {name: t["number"] for name, t in done["trials"].items()} == asked
+    study, = load_studies(tmp_path / "study.journal")
+    assert len(study.trials) == 12 and len({t.user_attrs["run"] for t in study.trials}) == 12
+    for t in study.trials:
+        if t.user_attrs["run"] in outcomes:
+            assert t.state.name == "COMPLETE" and t.value == outcomes[t.user_attrs["run"]].value
+            assert t.intermediate_values == {1: t.value}
+
+
 def test_a_pruned_trial_is_pruned_in_the_study_with_its_last_value(tmp_path):
     search, records = search_of(samples=2, rounds=1), {}
     tell_round(search, tmp_path, 1, records)

@@ -47,3 +47,16 @@ def test_each_row_shows_its_first_verdict_and_the_general_tips_follow(tmp_path):
     assert len(narrow[4]) == 109
     narrowest = show(tmp_path, width=80).splitlines()  # the verdict keeps 24 characters
     assert narrowest[4][column:] == "1 -> 2 cpus gives only …"
+
+
+def test_show_digest_adds_each_runs_weights_sha256(tmp_path):
+    digests = {"slow_one": "ab" * 32, "fast_one": ""}  # fast_one: published before digests
+    with open(tmp_path / "summary.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(SUMMARY[0]) + ["weights_sha256"])
+        writer.writeheader()
+        writer.writerows({**row, "weights_sha256": digests[row["run"]]} for row in SUMMARY)
+    lines = show(tmp_path, width=300, digest=True).splitlines()
+    assert lines[2].split()[-2:] == ["weights_sha256", "advice"]
+    assert lines[3].split()[-1] == "ab" * 32
+    assert lines[4].split()[6] == "synthetic" and "ab" * 32 not in lines[4]
+    assert "weights_sha256" not in show(tmp_path, width=300)

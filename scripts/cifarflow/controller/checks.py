@@ -9,10 +9,10 @@ import functools
 import os
 from pathlib import Path
 
-from ..data import ARCHIVE_NAME, fetch_record
+from ..config import data_identity
+from ..data_folders import describe_data
 from ..engine.gpu_monitor import visible_gpus
 from ..engine.strategies.ddp import too_few_gpus
-from ..layout import data_dir
 from . import quota, storage
 from .cluster_checks import check_cluster, check_storage
 from .pack_plan import Pack
@@ -29,7 +29,7 @@ class PlanChecks:
                  error: type[Exception]):
         self.config, self.runs, self.packs, self.placement = config, runs, packs, placement
         self.env_gpu, self.jobs_at_once, self.log, self.error = env_gpu, jobs_at_once, log, error
-        self.results, self.data_dir = config["results"], data_dir(config["results"])
+        self.results, self.data_id = config["results"], data_identity(config["data"])
         self.user_model_sizes: dict = {}  # measured at -n (user_models)
 
     def user_models(self) -> None:
@@ -56,17 +56,9 @@ class PlanChecks:
                              "folder you can write, e.g. /scratch/$USER/<sweep> on a cluster")
 
     def kept_data(self) -> None:
-        """Real CIFAR-10 (downloaded, or from an archive) in results/data is never replaced by
-        a synthetic set without a word: a plan that would do it is refused, with both ways out
-        (a dry run says so too)."""
-        record = fetch_record(Path(self.data_dir, ARCHIVE_NAME))  # what fetch-data wrote
-        if record and record["source"] != "synthetic" and self.config["data"]["source"] == "synthetic":
-            raise self.error(
-                f"{self.data_dir} holds CIFAR-10 (data.source {record['source']}, md5 "
-                f"{record['md5']}), but the config says data.source: synthetic, which would "
-                "replace it with a synthetic set. To train on it, set data.source: "
-                f"{record['source']} in config/config.yaml (as when it was fetched); to replace "
-                f"it on purpose, remove {self.data_dir} first")
+        """Which data folders results/data holds, and which one the plan trains on: each data
+        id has its own (data_folders.py), so no data.source replaces another's data."""
+        self.log.info(describe_data(self.results, self.data_id, self.config["data"]["source"]))
 
     @functools.cached_property
     def storage(self) -> storage.Estimate:

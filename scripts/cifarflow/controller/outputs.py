@@ -10,7 +10,9 @@ from pathlib import Path
 from typing import Callable
 
 from ..data import ARCHIVE_NAME, fetch_record
-from ..layout import RunPaths, data_dir, segment_number
+from ..config import data_identity
+from ..data_folders import data_folder
+from ..layout import RunPaths, segment_number
 from .chain import Chain
 from .pack_plan import Pack
 from .plan import Run
@@ -25,6 +27,7 @@ class Outputs:
                  error: type[Exception]):
         self.runs, self.checkpoints, self.gate, self.error = runs, checkpoints, gate, error
         self.results = config["results"]
+        self.data_dir = data_folder(self.results, data_identity(config["data"]))
         segments = config["segments"]
         self.chain = Chain(runs, packs, config["sweep"].get("prune"),
                            segments["count"] + segments["max_extra"], self.segment_output,
@@ -66,7 +69,7 @@ class Outputs:
         """What aggregation needs to know about each run, metrics path included: `metrics`
         maps run names to their last metrics.jsonl (rule input or what exists)."""
         metrics = {name: str(metrics[name]) for name in self.runs if name in metrics.keys()}
-        data = fetch_record(Path(data_dir(self.results), ARCHIVE_NAME))  # fetch-data's record
+        data = fetch_record(Path(self.data_dir, ARCHIVE_NAME))  # fetch-data's record
         return {
             name: {
                 "strategy": run.strategy,

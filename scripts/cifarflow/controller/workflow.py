@@ -28,8 +28,8 @@ from typing import Callable
 
 from ..config import data_identity
 from ..data import BATCHES_DIR
+from ..data_folders import data_folder
 from ..job.tries import INVOCATION
-from ..layout import data_dir
 from .checks import PlanChecks
 from .describe import plan_lines
 from .leftovers import leave_no_job_behind
@@ -71,9 +71,9 @@ class WorkflowPlan:
         self.config, self.runs, self.packs = config, runs, packs
         self.error, self.log, self.main_process = error, log, False
         self.results = config["results"]
-        self.data_dir = data_dir(self.results)
-        self.batches = f"{self.data_dir}/{BATCHES_DIR}"
         self.data_id = data_identity(config["data"])  # what shaped the data: its source
+        self.data_dir = data_folder(self.results, self.data_id)  # results/data/<data id>
+        self.batches = f"{self.data_dir}/{BATCHES_DIR}"
         self.fetch_args = fetch_args(config["data"])
         self.packed = sorted({pack.strategy for pack in packs.values()})
         self.unpacked = [s for s in config["strategies"] if s not in self.packed]

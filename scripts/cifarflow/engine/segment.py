@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from . import self_stop
 from ..config import TrainConfig
 from ..orders import SegmentOrder
 from .evaluation import evaluate
@@ -111,6 +112,7 @@ class Segment(SegmentCheckpoints):
         if self.stopped_early():
             self.log(f"the run ended at epoch {p.epoch} ({self.stopped_early()}): "
                      "nothing to train, its checkpoint is published as is")
+        self_stop.stop_at(self_stop.BEFORE_FIRST_BATCH, self.out_dir)  # tests only
 
     def global_step(self) -> int:
         return self.progress.epoch * self.steps + self.progress.step

@@ -16,8 +16,10 @@ import torch
 
 from . import checkpoint as ckpt
 from . import resume as resuming
+from . import self_stop
 from .build import rng_state, set_rng_state
 from .keep_weights import keep_last_and_best
+from .digest import weights_sha256
 from .state import Progress, slurm_restarts
 from .usage import rank_usage, segment_usage
 
@@ -72,8 +74,14 @@ class SegmentCheckpoints:
         t0 = time.perf_counter()
         self.strategy.sync_buffers(self.model)
         history = "".join(json.dumps(r) + "\n" for r in self.progress.history)
-        self.checkpointer.save(directory, self.state(), self.meta(), {ckpt.METRICS: history})
-        return time.perf_counter() - t0
+        state = self.state()
+        # the weights' fingerprint (every rank: a sharded tensor is gathered to be hashed)
+        meta = {**self.meta(), "weights_sha256": weights_sha256(state["model"])}
+        self.checkpointer.save(directory, state, meta, {ckpt.METRICS: history})
+        took = time.perf_counter() - t0
+        if directory == self.work_dir:
+            self_stop.saved(self.out_dir)  # tests only: CIFARFLOW_TEST_STOP_AT=save:<k>
+        return took
 
     def resume(self) -> Path | None:
         """Load the checkpoint rank 0 chose (resume.decide); every rank learns the choice

@@ -17,6 +17,7 @@ COLUMNS = [("run", "run", str), ("strategy", "strategy", str),
            ("images/s", "images_per_sec", lambda v: f"{v:,.0f}"),
            ("wall", "wall_s", lambda v: duration(v)), ("status", "status", str),
            ("data", "data", str)]
+DIGEST = ("weights_sha256", "weights_sha256", str)  # with --digest: the final weights' own
 ADVICE_MIN_WIDTH = 24  # the verdict keeps at least this much of a narrow terminal
 GENERAL_TIPS = 5  # tips about no one run (requests, pruning) printed below the table
 
@@ -86,8 +87,9 @@ def data_label(source, md5) -> str:
     return f"{source} {md5}".strip()
 
 
-def show(results: Path, top: int = 20, width: int | None = None) -> str:
-    """The text `cifarflow show` prints; `top` runs (0: all), by test accuracy."""
+def show(results: Path, top: int = 20, width: int | None = None, digest: bool = False) -> str:
+    """The text `cifarflow show` prints; `top` runs (0: all), by test accuracy; ``digest``:
+    each run's weights_sha256 in a column of its own."""
     import pandas as pd
 
     path = summary_path(results)
@@ -100,9 +102,10 @@ def show(results: Path, top: int = 20, width: int | None = None) -> str:
     ranked = df.sort_values(["test_acc", "run"], ascending=[False, True], na_position="last")
     shown = ranked if top <= 0 else ranked.head(top)
     verdicts = shown["advice"] if "advice" in shown else [None] * len(shown)
-    rows = [[h for h, _, _ in COLUMNS] + ["advice"]]
+    columns_shown = COLUMNS + ([DIGEST] if digest else [])
+    rows = [[h for h, _, _ in columns_shown] + ["advice"]]
     for (_, row), verdict in zip(shown.iterrows(), verdicts):
-        rows.append([cell(row.get(col), fmt) for _, col, fmt in COLUMNS]
+        rows.append([cell(row.get(col), fmt) for _, col, fmt in columns_shown]
                     + [cell(verdict, lambda v: str(v).split(" | ")[0])])
     n = len(df)
     lines = [f"{n} run{'s' if n != 1 else ''}: {status_counts(df)}"

@@ -133,7 +133,11 @@ def trial_columns(journal) -> dict[str, dict]:
     return out
 
 
-def serve_dashboard(journal, host: str, port: int | None, say=print, serve=True):
+def say_now(text: str) -> None:
+    print(text, flush=True)  # a pipe or a file shows the port at once, not at exit
+
+
+def serve_dashboard(journal, host: str, port: int | None, say=say_now, serve=True):
     """optuna-dashboard over the journal file, until interrupted, on ``port`` or, where none
     is given, a free one the system picks (a login node is shared by hundreds of users):
     says where, and the `ssh -L` line that reaches it from a laptop. The server."""

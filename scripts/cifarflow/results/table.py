@@ -17,7 +17,7 @@ COLUMNS = ["run", "strategy", "device", "model", "batch_size", "world_size", "cp
            "wall_s",
            "epoch_s", "peak_mem_mb", "gpu_util_pct", "segments", "attempts", "requeues",
            "early_stops", "slurm_job_ids", "hosts", "status", "early_stop", "plateau",
-           "pruned_at", "resized", "data_source", "data_md5",
+           "pruned_at", "resized", "data_source", "data_md5", "data_id", "weights_sha256",
            "fallbacks", "cpu_efficiency", "mem_used_mb", "mem_requested_mb", "runtime_used_min",
            "runtime_requested_min", "usage_from", "cpu_efficiency_measured",
            "mem_used_measured_mb", "runtime_used_measured_min", "mem_requested_last_mb", "runtime_requested_last_min",
@@ -54,6 +54,7 @@ def summarize_run(name: str, run: dict, states_of=None) -> dict:
            "augment": augment_label(spec.get("augment")),
            "label_smoothing": spec.get("label_smoothing", 0.0),
            **data_columns(spec.get("data_id", ""), run.get("data")),
+           "data_id": spec.get("data_id", ""),
            **{f"sweep_{k}": v for k, v in run.get("swept", {}).items()}}
     path = run.get("metrics")
     if not path or not Path(path).is_file():
@@ -62,6 +63,7 @@ def summarize_run(name: str, run: dict, states_of=None) -> dict:
     manifest = Path(path).with_name("checkpoint.json")
     meta = json.loads(manifest.read_text()) if manifest.is_file() else {}
     row["fallbacks"] = " | ".join(meta.get("events", []))
+    row["weights_sha256"] = meta.get("weights_sha256", "")  # engine/digest.py
     # elastic world-size changes: the run is no longer bit-exact from there
     row["resized"] = " ".join(f"{r['from']}->{r['to']}@epoch{r['epoch'] + 1}"
                               for r in meta.get("resizes", []))
