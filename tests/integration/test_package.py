@@ -128,7 +128,7 @@ def test_rules_call_the_installed_command_and_refuse_a_venv_without_it(tmp_path)
     command = Path(PY).parent / "cifarflow"
     assert f"{command} fetch-data --source synthetic" in plan
     # the segment is started by the launcher (its own srun step in a Slurm job)
-    assert re.search(rf"\(\S*python\S* -m cifarflow launch --cpus-per-task \d+ -- {re.escape(str(command))} "
+    assert re.search(rf"\(export PYTHONPATH=\S+ && \S*python\S* -m cifarflow launch --cpus-per-task \d+ -- {re.escape(str(command))} "
                      r"train --spec results/runs/cpu/spec.json", plan), plan[-3000:]
     # env.mode venv: its own `cifarflow` once activated, if it is installed there
     project_venv = Path(PY).parent.parent
