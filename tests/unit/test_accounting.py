@@ -98,3 +98,22 @@ def test_one_sacct_call_for_every_job_and_none_without_accounting(tmp_path, monk
     sacct.write_text("#!/bin/sh\necho 'sacct: error: Slurm accounting storage is disabled' >&2"
                      "\nexit 1\n")
     assert slurm.job_accounting(["5"]) is None
+
+
+ONE_STEP = """\
+9|test-pack|00:00:10|00:15.000|2||2000M|00:10:00|COMPLETED|
+9.batch|batch|00:00:10|00:00.020|2|20000K|||COMPLETED|1
+9.0|cpu-pack001|00:00:08|00:14.800|2|900M|||COMPLETED|2
+"""
+
+
+def test_members_of_one_step_count_its_largest_task_not_the_tasks_sum():
+    """A CPU pack's members are the tasks of one step (job/pack_step.py): each member's
+    memory is the step's largest task's (MaxRSS), not that times its 2 tasks (a ddp run
+    alone in such a step sums its ranks); each counts the step's CPU time."""
+    rows = [{"run": "cpu_a", "slurm_job_ids": "9"}, {"run": "cpu_b", "slurm_job_ids": "9"}]
+    with_accounting(rows, ONE_STEP)
+    assert [r["mem_used_mb"] for r in rows] == [900, 900]
+    assert rows[0]["cpu_efficiency"] == pytest.approx(15.0 / (10 * 2))
+    alone = [{"run": "ddp", "slurm_job_ids": "9"}]  # one run: its ranks' memory together
+    assert with_accounting(alone, ONE_STEP)[0]["mem_used_mb"] == 1800

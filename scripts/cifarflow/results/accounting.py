@@ -5,6 +5,8 @@ where sacct answers; the measurement stays beside them as a cross-check. Parsing
 
 from __future__ import annotations
 
+from collections import Counter
+
 import re
 
 # sacct's size suffixes, in MB (a bare number is in its base unit, KB)
@@ -56,25 +58,29 @@ def parse_sacct(text: str) -> dict[str, dict]:
     return jobs
 
 
-def run_usage(jobs: dict[str, dict], job_ids: list[str], run: str) -> dict | None:
+def run_usage(jobs: dict[str, dict], job_ids: list[str], run: str,
+              shared: set[str] = frozenset()) -> dict | None:
     """A run's use of its jobs, as sacct tells it; None where sacct knows none of them.
-    A pack's job trains each member in steps named after it (job/members.py): a member
-    counts its own steps; a run alone (or a fused pack's member) its whole job. CPU
-    efficiency: CPU time over cores x elapsed; memory: the largest step's MaxRSS (its
-    largest task's) x its tasks, ``extern`` aside; runtime: the longest job (a member's:
-    its longest step)."""
-    found = [jobs[j] for j in job_ids if jobs.get(j, {}).get("job")]
+    A GPU pack's job trains each member in a step named after it (job/members.py): a member
+    counts its own steps; a run alone its whole job. A job in ``shared`` trains several runs
+    in its steps together (a CPU pack's one step, a task per member: job/pack_step.py; a
+    fused pack's one process): each member counts the whole job's CPU, and as its memory
+    the largest task's (MaxRSS), not the tasks' sum. CPU efficiency: CPU time over cores x
+    elapsed; memory: the largest step's MaxRSS (its largest task's) x its tasks, ``extern``
+    aside; runtime: the longest job (a member's: its longest step)."""
+    found = [(j, jobs[j]) for j in job_ids if jobs.get(j, {}).get("job")]
     if not found:
         return None
     cpu_s = core_s = 0.0
     peaks, longest = [], []
-    for job in found:
+    for job_id, job in found:
         own = [s for s in job["steps"] if s["name"] == run]
         for part in own or [job["job"]]:
             cpu_s += part["cpu_s"]
             core_s += part["elapsed_s"] * part["cpus"]
             longest.append(part["elapsed_s"])
-        peaks += [s["max_rss_mb"] * s["tasks"] for s in own or job["steps"]
+        tasks_of = (lambda s: 1) if job_id in shared and not own else (lambda s: s["tasks"])
+        peaks += [s["max_rss_mb"] * tasks_of(s) for s in own or job["steps"]
                   if s["max_rss_mb"] and s["step"] != "extern"]
     usage = {"usage_from": "sacct", "cpu_efficiency": cpu_s / core_s if core_s else None,
              "runtime_used_min": max(longest) / 60}
@@ -87,9 +93,12 @@ def with_accounting(rows: list[dict], text: str | None) -> list[dict]:
     """The summary's rows with what sacct tells (``text``: slurm.job_accounting's answer,
     None where it gave none) in place of the measured figures, kept as ``*_measured``."""
     jobs = parse_sacct(text) if text else {}
+    runs_of = Counter(j for row in rows for j in set(str(row.get("slurm_job_ids") or "").split()))
+    shared = {job for job, runs in runs_of.items() if runs > 1}  # a pack's: several runs
     for row in rows:
         row.update({kept: row.get(key) for key, kept in MEASURED.items()})
-        usage = run_usage(jobs, str(row.get("slurm_job_ids") or "").split(), row["run"])
+        usage = run_usage(jobs, str(row.get("slurm_job_ids") or "").split(), row["run"],
+                          shared)
         row.update(usage or {"usage_from": "measured" if row.get("mem_used_mb") is not None
                              else None})
     return rows
