@@ -137,17 +137,24 @@ class SegmentOrder(Order):
 
 
 @dataclass(frozen=True)
-class PackOrder(Order):
-    """`cifarflow train-pack`: segment k of a pack's members, each as its own process (a
-    Slurm step each), or as one fused process (``fuse``), or M to a GPU under MPS."""
+class GroupOrder(Order):
+    """What an order of several runs' segment k shares: which pack, where they read and
+    write, their target epoch."""
 
-    COMMAND: ClassVar[str] = "train-pack"
-    HELP: ClassVar[str] = "train one segment of several runs at once (a pack)"
     pack: str = option("the pack's name")
     segment: int = option("the segment the members train")
     results: str = option("the workflow's results directory")
     data: str = option("the cifar-10-batches-py directory")
     until_epoch: int = option("the epoch the segment trains to")
+
+
+@dataclass(frozen=True)
+class PackOrder(GroupOrder):
+    """`cifarflow train-pack`: segment k of a pack's members, each as its own process (a
+    Slurm step each), or as one fused process (``fuse``), or M to a GPU under MPS."""
+
+    COMMAND: ClassVar[str] = "train-pack"
+    HELP: ClassVar[str] = "train one segment of several runs at once (a pack)"
     stage_data: str = option("read a node-local copy of --data", default="none",
                              choices=STAGES)
     gpus: int = option("GPUs per member (Slurm)", default=0)
@@ -184,17 +191,12 @@ class PackOrder(Order):
 
 
 @dataclass(frozen=True)
-class FusedOrder(Order):
+class FusedOrder(GroupOrder):
     """`cifarflow train-fused`: segment k of a fused group's members in this process."""
 
     COMMAND: ClassVar[str] = "train-fused"
     HELP: ClassVar[str] = ("train one segment of a fused pack's members in this process "
                            "(started by train-pack --fuse)")
-    pack: str = option("the pack's name")
-    segment: int = option("the segment the members train")
-    results: str = option("the workflow's results directory")
-    data: str = option("the cifar-10-batches-py directory")
-    until_epoch: int = option("the epoch the segment trains to")
     status: str = option("where each member's outcome is written (JSON)")
     stage_data: str = option("read a node-local copy of --data", default="none",
                              choices=STAGES)
