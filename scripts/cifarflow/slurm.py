@@ -63,6 +63,27 @@ def fields(text: str) -> dict:
     return found
 
 
+def minutes(text: str) -> float | None:
+    """Slurm's time format in minutes: a partition's MaxTime (minutes, minutes:seconds,
+    hours:minutes:seconds, days-hours[:minutes[:seconds]]) and sacct's durations (Elapsed,
+    TotalCPU [DD-][HH:]MM:SS[.fff]); None for UNLIMITED, INFINITE, INVALID,
+    Partition_Limit or an empty field."""
+    days, _, rest = text.strip().rpartition("-")
+    try:
+        parts = [float(p) for p in rest.split(":")]
+        days = float(days) if days else None
+    except ValueError:  # UNLIMITED, INFINITE, NONE, INVALID, Partition_Limit, ""
+        return None
+    if days is not None:  # days-hours[:minutes[:seconds]]
+        h, m, s = (parts + [0, 0])[:3]
+        return days * 1440 + h * 60 + m + s / 60
+    if len(parts) == 1:
+        return parts[0]
+    if len(parts) == 2:  # minutes:seconds
+        return parts[0] + parts[1] / 60
+    return parts[0] * 60 + parts[1] + parts[2] / 60
+
+
 def timestamp(text: str) -> float | None:
     try:
         return datetime.fromisoformat(text.strip()).timestamp()

@@ -9,7 +9,8 @@ from cifarflow.config import with_defaults
 from cifarflow.controller.limits import check_plan
 from cifarflow.controller.pack_plan import plan_packs
 from cifarflow.controller.packs import job_shapes
-from cifarflow.controller.partitions import gpu_types, read_partitions, slurm_minutes
+from cifarflow.controller.partitions import gpu_types, read_partitions
+from cifarflow.slurm import minutes as slurm_minutes
 from cifarflow.controller.plan import build_runs
 from cifarflow.controller.routing import check_fit, describe_placement
 from cifarflow.slurm import fields

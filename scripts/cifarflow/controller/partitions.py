@@ -13,24 +13,6 @@ from .. import slurm
 GPU_GRES = re.compile(r"gpu(?::([^:,(]+))?:(\d+)")
 
 
-def slurm_minutes(text: str) -> float | None:
-    """Slurm's time format ([days-]hours:minutes:seconds, minutes, ...) in minutes;
-    None for UNLIMITED/INFINITE."""
-    text = text.strip()
-    if text.upper() in ("UNLIMITED", "INFINITE", "NONE", ""):
-        return None
-    days, _, rest = text.rpartition("-")
-    parts = [float(p) for p in rest.split(":")]
-    if days:  # days-hours[:minutes[:seconds]]
-        h, m, s = (parts + [0, 0])[:3]
-        return float(days) * 1440 + h * 60 + m + s / 60
-    if len(parts) == 1:
-        return parts[0]
-    if len(parts) == 2:  # minutes:seconds
-        return parts[0] + parts[1] / 60
-    return parts[0] * 60 + parts[1] + parts[2] / 60
-
-
 def _number(text, default=None):
     return int(text) if str(text).isdigit() else default
 
@@ -80,7 +62,7 @@ def partition_capacity(partition: dict, nodes: list[dict]) -> dict:
             "max_nodes": _number(partition.get("MaxNodes")),
             "max_cpus_per_node": _number(partition.get("MaxCPUsPerNode")),
             "max_mem_per_node": _number(partition.get("MaxMemPerNode")),
-            "max_time_min": slurm_minutes(partition.get("MaxTime", "")),
+            "max_time_min": slurm.minutes(partition.get("MaxTime", "")),
             "up": partition.get("State", "UP") == "UP",
             "hidden": partition.get("Hidden") == "YES",
             "default": partition.get("Default") == "YES",

@@ -5,9 +5,10 @@ where sacct answers; the measurement stays beside them as a cross-check. Parsing
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 
-import re
+from .. import slurm
 
 # sacct's size suffixes, in MB (a bare number is in its base unit, KB)
 SIZE_MB = {"": 1 / 1024, "K": 1 / 1024, "M": 1.0, "G": 1024.0, "T": 1024.0 ** 2,
@@ -18,14 +19,10 @@ MEASURED = {"cpu_efficiency": "cpu_efficiency_measured", "mem_used_mb": "mem_use
 
 
 def duration_s(text: str) -> float | None:
-    """sacct's [DD-][HH:]MM:SS[.fff] (Elapsed, TotalCPU, Timelimit) in seconds; None for
-    UNLIMITED, INVALID, Partition_Limit or an empty field."""
-    found = re.fullmatch(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+(?:\.\d+)?)", text.strip())
-    if not found:
-        return None
-    days, hours, minutes, seconds = found.groups()
-    return (int(days or 0) * 86400 + int(hours or 0) * 3600 + int(minutes) * 60
-            + float(seconds))
+    """sacct's [DD-][HH:]MM:SS[.fff] (Elapsed, TotalCPU, Timelimit) in seconds (Slurm's time
+    format: slurm.minutes); None for UNLIMITED, INVALID, Partition_Limit or an empty field."""
+    found = slurm.minutes(text)
+    return None if found is None else found * 60
 
 
 def size_mb(text: str) -> float | None:
