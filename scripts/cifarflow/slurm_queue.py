@@ -37,14 +37,20 @@ def squeue_pending() -> str:
     return slurm.pending_jobs(PENDING_FORMAT)
 
 
-def workflow_pending(squeue_out: str, workdir: str) -> list[dict]:
-    """This workflow's pending jobs (`squeue --me -t PD -o PENDING_FORMAT`): those whose
-    working directory is the workflow's."""
-    found, mine = [], os.path.realpath(workdir)
+def workflow_lines(squeue_out: str, fmt: str, workdir: str):
+    """The fields of each line of squeue's ``fmt`` output (%Z, the working directory,
+    second) of a job of this workflow: its working directory is the workflow's."""
+    mine, width = os.path.realpath(workdir), fmt.count("|") + 1
     for line in squeue_out.splitlines():
         parts = line.strip().split("|")
-        if len(parts) != 7 or os.path.realpath(parts[1]) != mine:
-            continue
+        if len(parts) == width and os.path.realpath(parts[1]) == mine:
+            yield parts
+
+
+def workflow_pending(squeue_out: str, workdir: str) -> list[dict]:
+    """This workflow's pending jobs (`squeue --me -t PD -o PENDING_FORMAT`)."""
+    found = []
+    for parts in workflow_lines(squeue_out, PENDING_FORMAT, workdir):
         job, _, reason, comment, partition, nodes, submitted = parts
         found.append({"job": job, "reason": reason, "partition": partition,
                       "snakemake": comment.startswith("rule_"),  # the plugin's comment
@@ -62,12 +68,9 @@ QUEUED_FORMAT = "%i|%Z|%k|%T"
 def workflow_queued(workdir: str) -> list[dict]:
     """This workflow's jobs still in the queue (any state squeue lists), that Snakemake
     submitted (comment rule_...): {"job", "rule", "state"}; [] where Slurm does not answer."""
-    found, mine = [], os.path.realpath(workdir)
-    for line in slurm.ask(["squeue", "--me", "-h", "-o", QUEUED_FORMAT]).stdout.splitlines():
-        parts = line.strip().split("|")
-        if len(parts) != 4 or os.path.realpath(parts[1]) != mine:
-            continue
-        job, _, comment, state = parts
+    found = []
+    reply = slurm.ask(["squeue", "--me", "-h", "-o", QUEUED_FORMAT])
+    for job, _, comment, state in workflow_lines(reply.stdout, QUEUED_FORMAT, workdir):
         if comment.startswith("rule_") and state != "COMPLETING":  # leaving already
             found.append({"job": job, "rule": comment.removeprefix("rule_"), "state": state})
     return found

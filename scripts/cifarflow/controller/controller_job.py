@@ -124,8 +124,7 @@ def cpu_account(given: str, user: str) -> str:
 
 def main(args, basedir: Path) -> None:
     """`cifarflow controller-job`: the CLI's arguments, parsed."""
-    account = cpu_account(args.account or os.environ.get("SLURM_ACCOUNT", ""),
-                          os.environ.get("USER", ""))
+    account = cpu_account(args.account or os.environ.get("SLURM_ACCOUNT", ""), slurm.user())
     rest = args.snakemake_args[1:] if args.snakemake_args[:1] == ["--"] else args.snakemake_args
     sys.exit(submit(rest, account=account, time_limit=args.time,
                     mem_mb=args.mem_mb, basedir=basedir, workdir=Path.cwd(),

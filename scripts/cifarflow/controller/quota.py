@@ -10,7 +10,7 @@ import os
 import shutil
 from pathlib import Path
 
-from ..slurm import ask
+from .. import slurm
 from .storage import Estimate, gb
 
 WARN_SHARE = 0.8  # a plan above this share of what is free is warned about
@@ -53,7 +53,7 @@ def room(path: str, user: str = "", lfs=None) -> dict:
              "inodes": stat.f_favail if stat.f_files else None, "quota": False}
     lfs = shutil.which("lfs") if lfs is None else lfs
     if lfs:
-        reply = ask([lfs, "quota", "-q", "-u", user or os.environ.get("USER", ""), str(where)])
+        reply = slurm.ask([lfs, "quota", "-q", "-u", user or slurm.user(), str(where)])
         quota = parse_lfs_quota(reply.stdout) if reply.ok else None
         for key in ("bytes", "inodes"):
             if quota and quota[key] is not None and (found[key] is None or quota[key] < found[key]):

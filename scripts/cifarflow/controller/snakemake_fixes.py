@@ -1,5 +1,5 @@
 """Fixes for Snakemake itself and its Slurm executor plugin, applied by the workflow's main
-process (main_process.py).
+process (WorkflowPlan.start_main_process, workflow.py).
 
 Snakemake 9 (seen with 9.27.1) loses a job it restarts (``--retries``, the Slurm profile's
 ``retries: 2``) when a checkpoint finishes before the restart is scheduled: the restarted

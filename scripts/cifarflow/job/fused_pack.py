@@ -68,7 +68,7 @@ def train_fused_members(order: FusedOrder, start_time: float) -> int:
                 tried[run] = stack.enter_context(recorded_try(
                     Path(paths.root), member.out, attempt, say=say, fused=order.pack))
             except TryRefused as exc:
-                say(f"cifarflow train-fused: {'error: ' if exc.exit_status == 2 else ''}{exc}")
+                say(exc.line("train-fused"))
                 outcome[run] = {"exit": exc.exit_status, "error": str(exc)}
                 continue
             cfg = TrainConfig.read(Path(member.spec))

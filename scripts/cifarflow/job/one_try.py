@@ -27,6 +27,10 @@ class TryRefused(Exception):
         super().__init__(message)
         self.exit_status = exit_status
 
+    def line(self, command: str) -> str:
+        """What ``cifarflow <command>`` says of it."""
+        return f"cifarflow {command}: {'error: ' if self.exit_status == 2 else ''}{self}"
+
 
 @dataclass
 class Outcome:
@@ -93,8 +97,7 @@ def recorded_try(run_dir: Path, out, attempt: int, say: Callable[[str], None] | 
 
 def refused_exit(command: str, exc: TryRefused) -> None:
     """A single try's refusal as its process ends: the line on stderr, its exit status."""
-    prefix = "error: " if exc.exit_status == 2 else ""
-    print(f"cifarflow {command}: {prefix}{exc}", file=sys.stderr, flush=True)
+    print(exc.line(command), file=sys.stderr, flush=True)
     sys.exit(exc.exit_status)
 
 
