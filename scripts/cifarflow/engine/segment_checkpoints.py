@@ -74,9 +74,10 @@ class SegmentCheckpoints:
         t0 = time.perf_counter()
         self.strategy.sync_buffers(self.model)
         history = "".join(json.dumps(r) + "\n" for r in self.progress.history)
-        state = self.state()
-        # the weights' fingerprint (every rank: a sharded tensor is gathered to be hashed)
-        meta = {**self.meta(), "weights_sha256": weights_sha256(state["model"])}
+        state, meta = self.state(), self.meta()
+        if directory != self.work_dir:  # a published segment: the weights' fingerprint (every
+            # rank: a sharded tensor is gathered); not on the in-segment saves of a sweep
+            meta["weights_sha256"] = weights_sha256(state["model"])
         self.checkpointer.save(directory, state, meta, {ckpt.METRICS: history})
         took = time.perf_counter() - t0
         if directory == self.work_dir:
