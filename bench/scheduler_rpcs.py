@@ -2,7 +2,10 @@
 the test cluster (tests/slurm/cluster.sh): RPCs in all, per submitted job and per minute, by
 type. Run it on a quiet cluster (nothing else submitting or querying), as root:
 
-    .venv/bin/python bench/scheduler_rpcs.py [--checkout DIR] [--runs 24] [--per-job 2]
+    .venv/bin/python bench/scheduler_rpcs.py [--checkout DIR] [--runs 24] [--per-job 2] [--fuse]
+
+--fuse trains each pack as one fused process (`pack.fuse`): a pack of 8 one-core members
+fits the test nodes' 2 cores that way (the per-job cost no longer depends on the pack).
 
 --checkout runs another checkout's workflow (e.g. a git worktree of an older commit) for a
 before/after pair on the same cluster. Prints one JSON line."""
@@ -31,7 +34,7 @@ train: {{epochs: 2, batch_size: 100, log_interval_s: 5}}
 segments: {{count: 2}}
 resources: {{cpus_per_task: 1, mem_mb: 1000, runtime: 10}}
 sweep: {{lr: {lrs}}}
-pack: {{runs_per_job: {per_job}}}
+pack: {{runs_per_job: {per_job}, fuse: {fuse}}}
 """
 
 
@@ -40,11 +43,12 @@ def main() -> None:
     p.add_argument("--checkout", type=Path, default=HERE)
     p.add_argument("--runs", type=int, default=24)
     p.add_argument("--per-job", type=int, default=2)
+    p.add_argument("--fuse", action="store_true")
     a = p.parse_args()
     work = Path(tempfile.mkdtemp(prefix="cifarflow-rpcs-"))
     config = work / "sweep.yaml"
     config.write_text(SWEEP.format(lrs=[round(0.01 * (i + 1), 4) for i in range(a.runs)],
-                                   per_job=a.per_job))
+                                   per_job=a.per_job, fuse=str(a.fuse).lower()))
     env = {**os.environ, "PYTHONPATH": str(a.checkout / "scripts"),
            "SLURM_ACCOUNT": os.environ.get("SLURM_ACCOUNT", "def-cifar")}
     cmd = [str(Path(sys.executable).parent / "snakemake"), "-s", str(a.checkout / "Snakefile"),
@@ -60,6 +64,7 @@ def main() -> None:
     jobs = counts.get("REQUEST_SUBMIT_BATCH_JOB", 0)
     total = sum(counts.values())
     print(json.dumps({"checkout": str(a.checkout), "runs": a.runs, "per_job": a.per_job,
+                      "fuse": a.fuse,
                       "submitted": jobs, "rpcs": total, "minutes": round(minutes, 1),
                       "per_job_rpcs": round(total / max(jobs, 1), 1),
                       "per_minute": round(total / minutes, 1),

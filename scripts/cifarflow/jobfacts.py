@@ -21,7 +21,7 @@ def keep_slurm_job_values(environ=os.environ, times_of=slurm.job_times) -> None:
         environ["CIFARFLOW_SLURM_JOB_ID"] = job_id
         for name in ("SLURM_TMPDIR", "SLURM_RESTART_COUNT", "SLURM_JOB_NUM_NODES"):
             environ[f"CIFARFLOW_{name}"] = environ.get(name, "")
-        end, waited = times_of(job_id)  # one squeue call per job
+        end, waited = times_of(job_id)  # one scontrol call per job
         facts = {"JOB_END_TIME": end, "QUEUE_WAIT_S": waited}
         for name, value in facts.items():
             environ[f"CIFARFLOW_SLURM_{name}"] = "" if value is None else repr(value)

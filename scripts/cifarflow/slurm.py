@@ -92,13 +92,20 @@ def timestamp(text: str) -> float | None:
 
 
 # ---- one job --------------------------------------------------------------------------
+def job_record(job: str) -> dict:
+    """The job's fields as ``scontrol show job`` gives them ({} where unknown): two RPCs
+    (the job and the federation), where squeue reads the partitions too (issue 47)."""
+    reply = ask(["scontrol", "show", "job", job])
+    return fields(reply.stdout.split("\n\n")[0]) if reply.ok else {}
+
+
 def job_times(job: str) -> tuple[float | None, float | None]:
     """(when the job's time limit ends (unix time), seconds it waited in the queue between
-    its submission and its start), in one squeue call; None where unknown."""
-    reply = ask(["squeue", "-h", "-j", job, "-o", "%e|%V|%S"])
-    end, submit, start = (reply.stdout.strip().split("|") + ["", "", ""])[:3]
-    waited = timestamp(submit), timestamp(start)
-    return timestamp(end), waited[1] - waited[0] if None not in waited else None
+    its submission and its start), in one scontrol call; None where unknown."""
+    record = job_record(job)
+    end, submit, start = (timestamp(record.get(k, "")) for k in ("EndTime", "SubmitTime",
+                                                                   "StartTime"))
+    return end, start - submit if None not in (submit, start) else None
 
 
 def job_end_time(job: str) -> float | None:
@@ -160,8 +167,8 @@ def job_accounting(jobs: list[str]) -> str | None:
 
 def job_tasks(job: str) -> int | None:
     """NumTasks of the job (the Snakemake jobstep strips SLURM_NTASKS from its command)."""
-    found = re.search(r"NumTasks=(\d+)", ask(["scontrol", "show", "job", job]).stdout)
-    return int(found.group(1)) if found else None
+    tasks = job_record(job).get("NumTasks", "")
+    return int(tasks) if tasks.isdigit() else None
 
 
 def cancel(*jobs: str) -> Reply:

@@ -69,7 +69,15 @@ def test_a_packed_sweep_costs_one_step_per_pack_job_and_reads_the_cluster_once(t
     # and so does the executor plugin, through snakemake_fixes.ask_the_scheduler_once: its
     # MinJobAge (at every status check: 21 here before) and its account check (at every
     # sbatch: 13), once; what is left: ours, and the plugin's while Snakemake parses its
-    # command line, before the workflow is read (each job's Snakemake asks the same twice)
+    # command line, before the workflow is read
     assert controller["scontrol show config"] <= 5, controller
     assert controller[f"sacctmgr -n -s list user {os.environ.get('USER', 'root')} "
                       "format=account%256"] <= 1, controller
+    # a job asks one thing, once: its own record (its end and its wait); its Snakemakes
+    # start through job/snakemake_start.py, so the plugin's import asks nothing (it asked
+    # `scontrol show config` in both: 4 RPCs a job)
+    in_jobs = Counter(job for job, _ in made if job != "-")
+    assert {job: n for job, n in in_jobs.items() if job in jobs} == {job: 2 for job in jobs}
+    assert Counter(job for job, call in made if call == f"scontrol show job {job}") == \
+        {job: 1 for job in in_jobs}, made
+    assert counts.get("REQUEST_BUILD_INFO", 0) <= 5, counts  # the controller's, none per job

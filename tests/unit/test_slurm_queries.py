@@ -85,13 +85,14 @@ def test_the_default_timeout_applies_to_every_query(fake_bin, monkeypatch):
 
 def test_job_queries_run_one_command_line_each(fake_bin):
     fake_bin("squeue", 'case "$*" in\n'
-                       '  *"%e|%V|%S"*) echo "2031-05-04T10:20:30|2031-05-04T10:00:00|'
-                       '2031-05-04T10:01:15";;\n'
                        '  *--states=all*) echo "12 CANCELLED";;\n'
                        '  *%T*) echo RUNNING;;\n'
                        'esac')
-    fake_bin("scontrol", 'echo "JobId=12 JobName=x\n   NumNodes=1 NumCPUs=4 NumTasks=4 '
-                         'CPUs/Task=1"')
+    # scontrol's record of a running job, as 22.05 prints it (trimmed)
+    fake_bin("scontrol", 'echo "JobId=12 JobName=x\n   JobState=RUNNING Reason=None\n'
+                         '   SubmitTime=2031-05-04T10:00:00 EligibleTime=2031-05-04T10:00:00\n'
+                         '   StartTime=2031-05-04T10:01:15 EndTime=2031-05-04T10:20:30\n'
+                         '   NumNodes=1 NumCPUs=4 NumTasks=4 CPUs/Task=1"')
     fake_bin("scancel", "")
     assert slurm.job_times("12") == (datetime(2031, 5, 4, 10, 20, 30).timestamp(), 75.0)
     assert slurm.job_alive("12") is True
@@ -99,14 +100,15 @@ def test_job_queries_run_one_command_line_each(fake_bin):
     assert slurm.job_tasks("12") == 4
     assert slurm.cancel("12").ok
     assert fake_bin.calls() == [
-        "squeue -h -j 12 -o %e|%V|%S", "squeue -h -j 12 -o %T",
+        "scontrol show job 12", "squeue -h -j 12 -o %T",
         "squeue --states=all -h -j 12 -o %A %T", "scontrol show job 12", "scancel 12"]
 
 
 def test_callers_read_slurm_through_the_module(fake_bin, monkeypatch, tmp_path):
-    fake_bin("squeue", 'echo "N/A|N/A|N/A"')  # a pending job has no start yet
     fake_bin("sacct", 'echo "7|OUT_OF_MEMORY+"')
-    fake_bin("scontrol", 'echo "JobId=7 NumTasks=4"')
+    # a pending job has no start yet
+    fake_bin("scontrol", 'echo "JobId=7 JobState=PENDING StartTime=Unknown EndTime=Unknown '
+                         'SubmitTime=2031-05-04T10:00:00 NumTasks=4"')
     assert slurm.job_queue_wait_s("7") is None
     monkeypatch.delenv(tries.INVOCATION, raising=False)
     monkeypatch.setenv("SLURM_JOB_ID", "7")

@@ -51,3 +51,14 @@ def ask_the_scheduler_once() -> None:
 
         once.cifarflow_fix = True
         setattr(plugin, name, once)
+
+
+def start_jobs_quietly() -> None:
+    """Each job's Snakemake starts through job/snakemake_start.py, which keeps the plugin
+    from asking ``scontrol show config`` as Snakemake imports it (twice per job: 4 RPCs,
+    issue 47)."""
+    import snakemake_executor_plugin_slurm as plugin
+
+    from ..job.snakemake_start import start_through_this_file
+
+    start_through_this_file(plugin.Executor)

@@ -117,10 +117,12 @@ class WorkflowPlan:
         and say how far the plan got while ``training()`` (not a dry run)."""
         environ[INVOCATION] = f"{time.time():.0f}.{os.getpid()}"
         self.main_process = True  # a later search round's specs are written here too
-        from .snakemake_fixes import ask_the_scheduler_once, keep_restarted_jobs_ready
+        from .snakemake_fixes import (ask_the_scheduler_once, keep_restarted_jobs_ready,
+                                      start_jobs_quietly)
 
         keep_restarted_jobs_ready()  # retried segments are not lost when a checkpoint finishes
         ask_the_scheduler_once()  # the plugin's constant questions, once
+        start_jobs_quietly()  # and none from each job's Snakemake as it starts
         self.checks.user_models()
         self.checks.results_dir()
         self.checks.kept_data()

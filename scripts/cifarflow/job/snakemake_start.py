@@ -1,0 +1,100 @@
+"""How a Slurm job's Snakemake starts: ``python snakemake_start.py -m snakemake ARGS`` is
+``python -m snakemake ARGS`` without the question the Slurm executor plugin asks slurmctld
+while Snakemake reads its command line.
+
+snakemake-executor-plugin-slurm (seen with 2.8) runs ``scontrol show config`` when it is
+imported (its MinJobAge, for the help text of ``--slurm-status-command``), and Snakemake
+imports every installed executor plugin to build its command line. A job starts two
+Snakemakes (the plugin's jobstep, and the one it runs the rule in), so each job asked the
+controller twice, two RPCs each (the configuration and a ping): 4 of a pack job's ~15 RPCs
+(issue 47). A job's Snakemake never reads that answer: it runs the slurm-jobstep executor.
+Here the plugin's module that asks is loaded first, with MinJobAge "unknown" (None: what
+the plugin itself answers where scontrol fails), and the jobstep's command for the rule
+starts through this file too. Where the plugin's layout differs, Snakemake starts as it
+would have, and asks.
+
+The controller puts this file in the jobs' command (controller/snakemake_fixes.py,
+start_jobs_quietly). It runs as a script, before the engine is on sys.path: it imports
+nothing of cifarflow.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+if __name__ == "__main__":  # run by path: its folder first on sys.path, as `-m` has the cwd
+    sys.path[0] = os.getcwd()
+
+import importlib.util  # noqa: E402
+import runpy  # noqa: E402
+import shlex  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+PLUGIN = "snakemake_executor_plugin_slurm"
+ASKING_MODULE = f"{PLUGIN}.job_status_query"  # its get_min_job_age runs scontrol show config
+
+
+def command(python: str = sys.executable) -> str:
+    """What starts a job's Snakemake in place of ``python``, before ``-m snakemake``."""
+    return f"{shlex.quote(python)} {shlex.quote(str(Path(__file__).resolve()))}"
+
+
+def answer_min_job_age_unknown() -> bool:
+    """The plugin's status-query module, loaded before the plugin, its MinJobAge None; False
+    where the plugin is not there or is laid out otherwise (nothing changed then)."""
+    if ASKING_MODULE in sys.modules:
+        return False
+    spec = importlib.util.find_spec(PLUGIN)  # finds the package without running it
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    path = Path(list(spec.submodule_search_locations)[0]) / "job_status_query.py"
+    if not path.is_file():
+        return False
+    module_spec = importlib.util.spec_from_file_location(ASKING_MODULE, path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    if not callable(getattr(module, "get_min_job_age", None)):
+        return False
+    module.get_min_job_age = lambda: None
+    sys.modules[ASKING_MODULE] = module  # the plugin's `from .job_status_query import` finds it
+    return True
+
+
+def start_through_this_file(executor: type) -> None:
+    """``executor``'s command for a job's Snakemake (the Slurm plugin's, in the controller;
+    the jobstep's for the rule, in a job) starts it through this file, where the job runs
+    this very Python (a shared software deployment); else the command is the executor's."""
+    original = executor.get_python_executable
+    if getattr(original, "through_snakemake_start", False):
+        return
+
+    def get_python_executable(self):
+        python = original(self)
+        return command(python) if python == sys.executable else python
+
+    get_python_executable.through_snakemake_start = True
+    executor.get_python_executable = get_python_executable
+
+
+def start_rule_quietly() -> None:
+    """The jobstep's command for the rule (the job's second Snakemake) starts here too."""
+    try:
+        import snakemake_executor_plugin_slurm_jobstep as jobstep
+    except ImportError:
+        return
+    start_through_this_file(jobstep.Executor)
+
+
+def main(argv: list[str]) -> None:
+    if argv[:2] != ["-m", "snakemake"]:
+        sys.exit(f"usage: {Path(__file__).name} -m snakemake ARGS (the job's Snakemake); "
+                 f"got {' '.join(argv[:2]) or 'nothing'}")
+    answer_min_job_age_unknown()
+    start_rule_quietly()
+    sys.argv = [sys.argv[0], *argv[2:]]
+    runpy.run_module("snakemake", run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
