@@ -41,20 +41,43 @@ def member_view(flat: torch.Tensor, start: int, like: torch.Tensor) -> torch.Ten
     return block.view(-1, *like.shape)
 
 
-def out_of_place(template: torch.nn.Module) -> torch.nn.Module:
-    """The template vmap calls, its in-place activations (``inplace=True`` modules: ReLU,
-    ...) made out-of-place: on the views vmap hands them, an in-place op makes autograd
-    copy the whole activation back and forth. The members' own modules are untouched
-    (loop fusion and a run alone compute as before)."""
+def vmap_template(template: torch.nn.Module) -> torch.nn.Module:
+    """The template vmap calls (a copy of a member's module, on the meta device), made for
+    vmap: its in-place activations (``inplace=True`` modules: ReLU, ...; torchvision
+    BasicBlock's ``out += identity``) out-of-place, since on the views vmap hands them an
+    in-place op makes autograd copy the activation back and forth; its convolutions cast
+    to autocast's dtype by hand, since vmap's convolution rule runs them outside autocast
+    (a bf16 run's convolutions would run in float32), and so its BatchNorms in float32
+    (vmap's rule refuses a bf16 input with float32 statistics). The members' own modules are
+    untouched: loop fusion and a run alone compute as before."""
     for module in template.modules():
         if getattr(module, "inplace", False) is True:
             module.inplace = False
         if type(module).__name__ == "BasicBlock" and type(module).__module__ == TORCHVISION_RESNET:
             module.forward = types.MethodType(_basic_block, module)
+        if type(module) is torch.nn.Conv2d:
+            module.forward = types.MethodType(_autocast_conv, module)
+        if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
+            module.forward = types.MethodType(_float_batch_norm, module)
     return template
 
 
 TORCHVISION_RESNET = "torchvision.models.resnet"
+
+
+def _autocast_conv(self, x):
+    """``Conv2d.forward`` with its operands in autocast's dtype where autocast is on."""
+    device = x.device.type
+    if not torch.is_autocast_enabled(device):
+        return self._conv_forward(x, self.weight, self.bias)
+    dtype = torch.get_autocast_dtype(device)
+    return self._conv_forward(x.to(dtype), self.weight.to(dtype),
+                              None if self.bias is None else self.bias.to(dtype))
+
+
+def _float_batch_norm(self, x):
+    """BatchNorm's forward on a float32 input where autocast is on."""
+    return type(self).forward(self, x.float() if torch.is_autocast_enabled(x.device.type) else x)
 
 
 def _basic_block(self, x):
@@ -89,7 +112,7 @@ class FusedModel:
         if mode not in MODES:
             raise ValueError(f"fused mode {mode!r}: one of {MODES}")
         self.mode, self.size = mode, len(modules)
-        self.template = out_of_place(copy.deepcopy(modules[0]).to("meta"))
+        self.template = vmap_template(copy.deepcopy(modules[0]).to("meta"))
         first = modules[0]
         names = [name for name, _ in first.named_parameters()]
         self.offsets, total = {}, 0
