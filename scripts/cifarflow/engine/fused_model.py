@@ -3,8 +3,8 @@ tensor (member k's row holds its P parameter values) and their gradients in anot
 parameter is a ``(K, ...)`` view into it, so the optimizer updates every member's every
 parameter in a few whole-buffer operations and one ``zero_`` clears all gradients. The model
 is called with ``vmap``, functionally on the views (one grouped convolution, one batched
-matmul; with a shared input batch, conv1 is one dense convolution over K x its channels), or
-in ``loop``, member after member, each member's own module with its parameters made views
+matmul; with a shared input batch, conv1 is one dense convolution over K x its channels;
+lenet's own hand-fused forward, fused_nets.py, computes the same without vmap), or in ``loop``, member after member, each member's own module with its parameters made views
 of its row. Part of engine/fused.py's group."""
 
 from __future__ import annotations
