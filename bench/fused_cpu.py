@@ -2,6 +2,7 @@
 time, per training step, and the profile of a K = 16 step by operator (issue 35).
 
     .venv/bin/python bench/fused_cpu.py [--k 16] [--batch 100] [--rounds 3] [--steps 10]
+        [--modes loop vmap]
 
 One process, the engine's own objects (``engine.fused_train.fused_group``, a ``Segment``
 for the run alone), synthetic CIFAR-format data; each case is timed over ``--steps`` steps
@@ -111,6 +112,7 @@ def main() -> None:
     ap.add_argument("--images", type=int, default=10000)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--modes", nargs="+", default=["loop", "vmap"], choices=["loop", "vmap"])
     args = ap.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
     data_dir = dataset(args.images)
@@ -120,7 +122,7 @@ def main() -> None:
     cases = [{"case": "one run at a time", "images_per_sec": base, "vs_alone": 1.0}]
     print(f"one run at a time: {base:,.0f} images/s", flush=True)
     profiles = {}
-    for mode in ("loop", "vmap"):
+    for mode in args.modes:
         for seeds in (False, True):
             group = fused_group(configs(args.k, args.batch, args.model, seeds), data_dir,
                                 args.threads, mode, say=quiet)

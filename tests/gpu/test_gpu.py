@@ -114,6 +114,36 @@ def test_augmentation_draws_and_images_are_the_same_on_the_gpu():
     assert torch.equal(apply(on_device, on_gpu).cpu(), apply(x, d))
 
 
+@pytest.mark.parametrize("seeds", [[0], [0, 1]], ids=["shared-batch", "own-batches"])
+def test_an_augmented_fused_step_waits_for_the_host_nowhere(cifar_dir, seeds):
+    """Augmented members (flip and crop 4, resnet18's recipe) fused on CUDA: the epoch's
+    draws are made at its first batch and copied from pinned memory without blocking, so
+    neither a step's batch (gather, augmentation, normalisation) nor the step itself
+    (forward, loss, backward, update) synchronizes with the host:
+    ``torch.cuda.set_sync_debug_mode("error")`` raises at the first call that would."""
+    from cifarflow.config import with_defaults
+    from cifarflow.controller.plan import build_runs
+    from cifarflow.engine.fused_train import fused_group
+
+    config = with_defaults({"strategies": ["gpu"], "train": {
+        "epochs": 2, "batch_size": 100, "augment": {"flip": True, "crop": 4}},
+        "sweep": {"lr": [0.05, 0.06], "seed": seeds}})
+    group = fused_group([run.config for run in build_runs(config).values()], cifar_dir,
+                        threads=2, say=lambda line: None)
+    assert group.mode == "vmap" and group.batches.shared is (len(seeds) == 1)
+    batches = group.batches.epoch(0)
+    for _ in range(2):  # the epoch's draws made, cuDNN's algorithms chosen
+        group.train_step(*next(batches))
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(3):
+            losses, hits = group.train_step(*next(batches))
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.isfinite(losses).all() and losses.shape == hits.shape == (len(seeds) * 2,)
+
+
 def test_two_gpu_segments_equal_one_bit_for_bit(cifar_dir, tmp_path):
     """CUDA RNG state and the device-resident data through a checkpoint: epoch 1, then
     epoch 2 from it, equals 2 epochs in one go (deterministic mode)."""

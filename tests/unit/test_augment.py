@@ -220,3 +220,49 @@ def test_test_time_flip_scores_the_mean_of_image_and_mirror(tta):
 def test_mirror_keeps_the_memory_format():
     x = known(n=2, h=4, w=4).float().contiguous(memory_format=CL)
     assert torch.equal(mirror(x), x.flip(3)) and mirror(x).is_contiguous(memory_format=CL)
+
+
+def test_an_epochs_draws_made_at_once_are_each_batchs_draws():
+    """Augment.epoch: every batch's draws of an epoch in one call (300 images in batches of
+    64, the last of 44), batch b's exactly what draws(seed, epoch, b, rank) gives."""
+    aug = Augment(flip=True, crop=4)
+    made = aug.epoch(300, 64, seed=5, epoch=2, rank=1)
+    for b, n in enumerate([64, 64, 64, 64, 44]):
+        d = made.batch(b)
+        alone = draws(n, 5, 2, b, 1, flip=True, crop=4)
+        assert torch.equal(d.flip, alone.flip) and torch.equal(d.shift, alone.shift), b
+    crop_only = Augment(crop=2).epoch(100, 64, seed=0, epoch=0).batch(1)
+    assert crop_only.flip is None and len(crop_only.shift) == 36
+
+
+@pytest.mark.parametrize("per_member", [False, True], ids=["gathered", "loop"])
+def test_a_fused_group_draws_once_an_epoch_per_member_not_per_step(monkeypatch, per_member):
+    """Three members of other seeds (each its own draws) in fused batches: the draws of an
+    epoch are made at its first batch, once per member (3 an epoch, not 3 x 5 steps
+    spread over the steps), none while the steps run; each member's images are those it
+    would see alone."""
+    from cifarflow.engine import augment
+    from cifarflow.engine.fused_batches import FusedBatches
+
+    made, drawn = [], []
+    epoch, draw = Augment.epoch, augment.draws
+    monkeypatch.setattr(Augment, "epoch", lambda self, *a, **k: (made.append(a),
+                                                                epoch(self, *a, **k))[1])
+    monkeypatch.setattr(augment, "draws", lambda *a, **k: (drawn.append(a), draw(*a, **k))[1])
+    split, aug = split_of(), {"flip": True, "crop": 4}
+    members = [TensorBatches(split, 64, seed=s, augment=aug) for s in (1, 2, 3)]
+    fused = FusedBatches(members)
+    fused.per_member = per_member
+    assert not fused.shared
+    seen = []
+    for e in (0, 1):
+        batches = fused.epoch(e)
+        first = next(batches)
+        at_first = len(drawn)
+        seen.append([first, *batches])
+        assert len(made) == 3 * (e + 1) and len(drawn) == at_first == 3 * 5 * (e + 1)
+    for e, epoch_batches in enumerate(seen):
+        for k, m in enumerate(members):
+            alone = TensorBatches(split, 64, seed=m.seed, augment=aug).epoch(e)
+            for b, ((x, _), (xa, _)) in enumerate(zip(epoch_batches, alone, strict=True)):
+                assert torch.equal(x[k], xa), (e, b, k)

@@ -64,3 +64,14 @@ def test_runs_fuse_apart_by_augmentation_smoothing_and_tta():
 def test_fuse_setting():
     assert [fuse_mode(v) for v in (False, True, "vmap", "loop", None)] == \
         ["", "auto", "vmap", "loop", ""]
+
+
+def test_runs_of_other_amp_settings_fuse_apart():
+    """train.amp is one autocast for a fused step (its strategy's): a bf16 run and a float32
+    run never share a fused model (pack_plan.FUSE_KEYS)."""
+    runs = {**runs_of({"lr": [0.01, 0.02]}, amp="none"),
+            **runs_of({"lr": [0.03, 0.04]}, amp="bf16")}
+    packs = build_packs(runs, 8, fuse="auto")
+    assert sorted(len(p.members) for p in packs.values()) == [2, 2, 2, 2]
+    for pack in packs.values():
+        assert len({runs[m].config.amp for m in pack.members}) == 1, pack

@@ -15,6 +15,9 @@ Two parts, so that any loader (plain, pack, ddp rank, a fused group's member) ca
   ``RandomCrop(32, padding=crop)`` pads). One advanced-indexing gather, no per-image Python.
 
 ``Augment`` ties the two to a run's ``train.augment``; ``mirror`` is the test-time flip.
+``Augment.epoch`` makes the draws of a whole epoch at its start (``EpochDraws``: the same
+draws, batch by batch), copied to a CUDA device at once from pinned memory, so a training
+step neither draws nor waits for a copy from the host.
 """
 
 from __future__ import annotations
@@ -46,6 +49,19 @@ class Draws:
         return Draws(None if first.flip is None else torch.cat([d.flip for d in parts]),
                      None if first.shift is None else torch.cat([d.shift for d in parts]))
 
+    @staticmethod
+    def stack(parts: list) -> "Draws":
+        """The draws of several members, one row each: flip (K, N), shift (K, N, 2)."""
+        first = parts[0]
+        return Draws(None if first.flip is None else torch.stack([d.flip for d in parts]),
+                     None if first.shift is None else torch.stack([d.shift for d in parts]))
+
+    def rows(self, start: int, stop: int) -> "Draws":
+        """Images start..stop of each member's row of stacked draws (``stack``), the
+        members' one after another: flip (K x n,), shift (K x n, 2)."""
+        return Draws(*(None if t is None else t[:, start:stop].reshape(-1, *t.shape[2:])
+                       for t in (self.flip, self.shift)))
+
     def to(self, device) -> "Draws":
         return Draws(None if self.flip is None else self.flip.to(device),
                      None if self.shift is None else self.shift.to(device))
@@ -60,6 +76,25 @@ def draws(n: int, seed: int, epoch: int, batch: int, rank: int = 0, *, flip: boo
     mirror = torch.randint(0, 2, (n,), generator=gen).bool() if flip else None
     shift = torch.randint(-crop, crop + 1, (n, 2), generator=gen) if crop > 0 else None
     return Draws(mirror, shift).to(device)
+
+
+class EpochDraws:
+    """The draws of every batch of one epoch (seed, rank), made at once and kept on the
+    batches' device: ``batch(b)`` is what ``draws`` gives for batch b (a view)."""
+
+    def __init__(self, parts: list, batch_size: int, device):
+        self.batch_size = batch_size
+        made = Draws.cat(parts)
+        if str(device).startswith("cuda"):  # one copy, queued, from page-locked memory
+            made = Draws(*(None if t is None else t.pin_memory().to(device, non_blocking=True)
+                           for t in (made.flip, made.shift)))
+        self.draws = made
+
+    def batch(self, b: int) -> Draws:
+        rows = slice(b * self.batch_size, (b + 1) * self.batch_size)
+        d = self.draws
+        return Draws(None if d.flip is None else d.flip[rows],
+                     None if d.shift is None else d.shift[rows])
 
 
 def _memory_format(x: torch.Tensor):
@@ -144,6 +179,14 @@ class Augment:
     def draws(self, n: int, seed: int, epoch: int, batch: int, rank: int = 0,
               device="cpu") -> Draws:
         return draws(n, seed, epoch, batch, rank, flip=self.flip, crop=self.crop, device=device)
+
+    def epoch(self, images: int, batch_size: int, seed: int, epoch: int, rank: int = 0,
+              device="cpu") -> EpochDraws:
+        """The draws of every batch of ``epoch`` over ``images`` images in batches of
+        ``batch_size`` (the last one partial), at once: batch b's are ``draws``' for b."""
+        sizes = [min(batch_size, images - start) for start in range(0, images, batch_size)]
+        return EpochDraws([self.draws(n, seed, epoch, b, rank) for b, n in enumerate(sizes)],
+                          batch_size, device)
 
     def batch(self, x: torch.Tensor, seed: int, epoch: int, batch: int, rank: int = 0,
               fill: float = 0) -> torch.Tensor:

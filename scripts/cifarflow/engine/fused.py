@@ -9,7 +9,8 @@ The members' parameters live in one flat ``(K, P)`` tensor, their gradients in a
   rules turn the K convolutions into one grouped convolution (one dense convolution over a
   shared batch), the K linear layers into one batched matmul and BatchNorm into one call
   over the concatenated channels: HFTA's fusion (Wang et al., MLSys 2021), without
-  rewriting the model, so users' own models fuse too.
+  rewriting the model, so users' own models fuse too (lenet has a hand-fused forward on
+  the same grouped tensors, fused_nets.py: vmap's pooling rule would copy them).
 * ``loop`` (the default on CPU): each member's own module, its parameters views of its row
   of the flat tensors, one after another; on CPU grouped convolutions are slower than K
   plain ones (measured), and loop trains each member bit for bit as alone.

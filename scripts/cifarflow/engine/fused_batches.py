@@ -37,6 +37,9 @@ class FusedBatches:
         device = self.split.images.device
         members = self.members[:1] if self.shared else self.members
         orders = torch.stack([b.indices(epoch) for b in members]).to(device)
+        # each member's draws of the whole epoch (its seed), made now, one row a member
+        draws = Draws.stack([m.epoch_draws(epoch).draws for m in members]) \
+            if self.augment else None
         size = self.batch_size
         for b in range(start, len(self)):
             sel = orders[:, b * size:(b + 1) * size]
@@ -47,9 +50,8 @@ class FusedBatches:
                     self.split.labels.index_select(0, flat).view(k, n)
                 continue
             x = self.split.images.index_select(0, flat)
-            if self.augment:  # each member's own draws (its seed), applied in one go
-                x = apply(x, Draws.cat([self.augment.draws(n, m.seed, epoch, b, m.rank)
-                                        for m in members]).to(device))
+            if draws is not None:  # applied in one go
+                x = apply(x, draws.rows(b * size, b * size + n))
             x = normalize(x, self.channels_last)
             y = self.split.labels.index_select(0, flat)
             if self.shared:
@@ -71,5 +73,7 @@ class LazyBatches:
     def __getitem__(self, k: int):
         source = self.batches
         x = source.split.images.index_select(0, self.sel[k])
-        x = self.members[k].augmented(x, self.epoch, self.b)
+        draws = self.members[k].epoch_draws(self.epoch)
+        if draws is not None:
+            x = apply(x, draws.batch(self.b))
         return normalize(x, source.channels_last)

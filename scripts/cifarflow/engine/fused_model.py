@@ -3,16 +3,19 @@ tensor (member k's row holds its P parameter values) and their gradients in anot
 parameter is a ``(K, ...)`` view into it, so the optimizer updates every member's every
 parameter in a few whole-buffer operations and one ``zero_`` clears all gradients. The model
 is called with ``vmap``, functionally on the views (one grouped convolution, one batched
-matmul; with a shared input batch, conv1 is one dense convolution over K x its channels), or
-in ``loop``, member after member, each member's own module with its parameters made views
+matmul; with a shared input batch, conv1 is one dense convolution over K x its channels;
+lenet's own hand-fused forward, fused_nets.py, computes the same without vmap), or in ``loop``, member after member, each member's own module with its parameters made views
 of its row. Part of engine/fused.py's group."""
 
 from __future__ import annotations
 
 import copy
+import types
 
 import torch
 from torch.func import functional_call, stack_module_state, vmap
+
+from .fused_nets import fused_forward
 
 MODES = ("vmap", "loop")
 
@@ -38,6 +41,69 @@ def member_view(flat: torch.Tensor, start: int, like: torch.Tensor) -> torch.Ten
     return block.view(-1, *like.shape)
 
 
+def vmap_template(template: torch.nn.Module) -> torch.nn.Module:
+    """The template vmap calls (a copy of a member's module, on the meta device), made for
+    vmap: its in-place activations (``inplace=True`` modules: ReLU, ...; torchvision
+    BasicBlock's ``out += identity``) out-of-place, since on the views vmap hands them an
+    in-place op makes autograd copy the activation back and forth; its convolutions cast
+    to autocast's dtype by hand, since vmap's convolution rule runs them outside autocast
+    (a bf16 run's convolutions would run in float32), and so its BatchNorms in float32
+    (vmap's rule refuses a bf16 input with float32 statistics). The members' own modules are
+    untouched: loop fusion and a run alone compute as before."""
+    for module in template.modules():
+        if getattr(module, "inplace", False) is True:
+            module.inplace = False
+        if type(module).__name__ == "BasicBlock" and type(module).__module__ == TORCHVISION_RESNET:
+            module.forward = types.MethodType(_basic_block, module)
+        if type(module) is torch.nn.Conv2d:
+            module.forward = types.MethodType(_autocast_conv, module)
+        if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
+            module.forward = types.MethodType(_float_batch_norm, module)
+    return template
+
+
+TORCHVISION_RESNET = "torchvision.models.resnet"
+
+
+def _autocast_conv(self, x):
+    """``Conv2d.forward`` with its operands in autocast's dtype where autocast is on."""
+    device = x.device.type
+    if not torch.is_autocast_enabled(device):
+        return self._conv_forward(x, self.weight, self.bias)
+    dtype = torch.get_autocast_dtype(device)
+    return self._conv_forward(x.to(dtype), self.weight.to(dtype),
+                              None if self.bias is None else self.bias.to(dtype))
+
+
+def _float_batch_norm(self, x):
+    """BatchNorm's forward on a float32 input where autocast is on."""
+    return type(self).forward(self, x.float() if torch.is_autocast_enabled(x.device.type) else x)
+
+
+def _basic_block(self, x):
+    """torchvision's ``BasicBlock.forward`` with ``out + identity`` for its ``out += identity``."""
+    identity = x if self.downsample is None else self.downsample(x)
+    out = self.relu(self.bn1(self.conv1(x)))
+    return self.relu(self.bn2(self.conv2(out)) + identity)
+
+
+class ChannelsLastStack(torch.autograd.Function):
+    """A (K, O, I, h, w) convolution weight, a view of the flat tensor whose members are
+    channels_last, copied where vmap can fold (K, O) into one dimension with each member
+    still channels_last; its gradient passes back as it comes (autograd adds it into the
+    flat gradient's view: a ``copy_`` of a view would add a new_zeros, a copy and a clone
+    per weight to every backward)."""
+
+    @staticmethod
+    def forward(ctx, weight):
+        k, o, i, h, w = weight.shape
+        return weight.new_empty((k, o, h, w, i)).permute(0, 1, 4, 2, 3).copy_(weight)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
 class FusedModel:
     """The parameters and buffers of K members of one architecture. The members' own
     modules are where their state is imported from and exported to (checkpoints)."""
@@ -46,7 +112,7 @@ class FusedModel:
         if mode not in MODES:
             raise ValueError(f"fused mode {mode!r}: one of {MODES}")
         self.mode, self.size = mode, len(modules)
-        self.template = copy.deepcopy(modules[0]).to("meta")
+        self.template = vmap_template(copy.deepcopy(modules[0]).to("meta"))
         first = modules[0]
         names = [name for name, _ in first.named_parameters()]
         self.offsets, total = {}, 0
@@ -82,6 +148,8 @@ class FusedModel:
         # compile again
         self._vmapped = {shared: self._vmap(shared) for shared in (False, True)} \
             if mode == "vmap" else {}
+        # a registered model's own fused forward (fused_nets.py), else vmap's
+        self.hand_fused = fused_forward(self.template) if mode == "vmap" else None
 
     def _point_into_flat(self, modules: list) -> None:
         """loop: each member's own module trains, its parameters made views of its row of the
@@ -122,9 +190,9 @@ class FusedModel:
         if self.mode == "vmap":
             params = dict(self.params)
             for name in self.channels_last:
-                k, o, i, h, w = params[name].shape
-                params[name] = params[name].new_empty((k, o, h, w, i)).permute(0, 1, 4, 2, 3) \
-                    .copy_(params[name])
+                params[name] = ChannelsLastStack.apply(params[name])
+            if self.hand_fused is not None:
+                return self.hand_fused(self.template, params, self.buffers, x, shared_input)
             return self._vmapped[shared_input](params, self.buffers, x)
         return torch.stack([module(x if shared_input else x[k])
                             for k, module in enumerate(self.modules)])

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from .. import data
-from .augment import Augment
+from .augment import Augment, apply
 
 MEAN = STD = 0.5  # the seed's Normalize((0.5,)*3, (0.5,)*3)
 
@@ -81,6 +81,7 @@ class TensorBatches:
         self.rank, self.world_size = rank, world_size
         self.channels_last, self.device = channels_last, device
         self.augment = augment if isinstance(augment, Augment) else Augment.of(augment)
+        self._draws = None  # (epoch, its EpochDraws)
         if self.on_device:
             self.split = split.to(device)
 
@@ -97,11 +98,25 @@ class TensorBatches:
         it for each member (each with its own seed)."""
         return self.augment.batch(x, self.seed, epoch, batch, self.rank, fill)
 
+    def epoch_draws(self, epoch: int):
+        """The augmentation's draws of every batch of ``epoch`` on this rank, made once an
+        epoch (at its first batch) and kept on the split's device; None when it is off."""
+        if not self.augment:
+            return None
+        if self._draws is None or self._draws[0] != epoch:
+            images = math.ceil(len(self.split) / self.world_size)
+            self._draws = epoch, self.augment.epoch(images, self.batch_size, self.seed, epoch,
+                                                    self.rank, self.split.images.device)
+        return self._draws[1]
+
     def epoch(self, epoch: int, start: int = 0):
         idx = self.indices(epoch).to(self.split.images.device)
+        draws = self.epoch_draws(epoch)
         for b in range(start, len(self)):
             sel = idx[b * self.batch_size:(b + 1) * self.batch_size]
-            x = self.augmented(self.split.images.index_select(0, sel), epoch, b)
+            x = self.split.images.index_select(0, sel)
+            if draws is not None:
+                x = apply(x, draws.batch(b))
             y = self.split.labels.index_select(0, sel)
             yield normalize(x, self.channels_last), y
 
