@@ -23,15 +23,17 @@ COPIES = {"copy_", "clone", "new_zeros", "_to_copy", "contiguous"}
 
 
 class CopyCount(TorchDispatchMode):
-    """The copying operators dispatched while it is on, with the elements each wrote."""
+    """The copying operators dispatched while it is on, with the elements each wrote; and
+    every operator (``operators``)."""
 
     def __init__(self):
         super().__init__()
-        self.calls, self.elements = Counter(), Counter()
+        self.calls, self.elements, self.operators = Counter(), Counter(), Counter()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         name = func.overloadpacket.__name__
+        self.operators[name] += 1
         if name in COPIES:
             self.calls[name] += 1
             self.elements[name] += out.numel() if isinstance(out, torch.Tensor) else 0
@@ -79,6 +81,7 @@ def test_a_vmap_lenet_step_copies_its_weights_once_and_few_activations(cifar_dir
     counts = {k: step_copies(k, "lenet", 100, seeds, cifar_dir) for k in (2, 4, 8)}
     assert counts[2].calls == counts[4].calls == counts[8].calls, {
         k: dict(c.calls) for k, c in counts.items()}
+    assert counts[2].operators == counts[8].operators  # every operator, not only copies
     calls = counts[8].calls
     assert "new_zeros" not in calls  # no weight's gradient rebuilt in the backward
     assert sum(calls.values()) <= conv_tensors("lenet") + 3, dict(calls)
@@ -94,6 +97,10 @@ def test_a_vmap_resnet18_step_copies_no_activation(cifar_dir):
     ``out += identity`` on vmap's views and 4 per convolution weight in the backward."""
     counts = {k: step_copies(k, "resnet18", 8, False, cifar_dir) for k in (2, 4)}
     assert counts[2].calls == counts[4].calls, {k: dict(c.calls) for k, c in counts.items()}
+    # and every operator: none that vmap runs member by member (its fallback for an
+    # operator without a batching rule, as adaptive_avg_pool2d's as_strided_ had)
+    assert counts[2].operators == counts[4].operators, \
+        (counts[4].operators - counts[2].operators, counts[2].operators - counts[4].operators)
     calls = counts[4].calls
     assert "new_zeros" not in calls
     assert sum(calls.values()) <= conv_tensors("resnet18") + 3, dict(calls)

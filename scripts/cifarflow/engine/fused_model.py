@@ -48,7 +48,8 @@ def vmap_template(template: torch.nn.Module) -> torch.nn.Module:
     in-place op makes autograd copy the activation back and forth; its convolutions cast
     to autocast's dtype by hand, since vmap's convolution rule runs them outside autocast
     (a bf16 run's convolutions would run in float32), and so its BatchNorms in float32
-    (vmap's rule refuses a bf16 input with float32 statistics). The members' own modules are
+    (vmap's rule refuses a bf16 input with float32 statistics); a global average pool as a
+    mean (vmap ran the pool member by member). The members' own modules are
     untouched: loop fusion and a run alone compute as before."""
     for module in template.modules():
         if getattr(module, "inplace", False) is True:
@@ -59,6 +60,8 @@ def vmap_template(template: torch.nn.Module) -> torch.nn.Module:
             module.forward = types.MethodType(_autocast_conv, module)
         if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
             module.forward = types.MethodType(_float_batch_norm, module)
+        if type(module) is torch.nn.AdaptiveAvgPool2d and module.output_size in (1, (1, 1)):
+            module.forward = types.MethodType(_global_average, module)
     return template
 
 
@@ -78,6 +81,12 @@ def _autocast_conv(self, x):
 def _float_batch_norm(self, x):
     """BatchNorm's forward on a float32 input where autocast is on."""
     return type(self).forward(self, x.float() if torch.is_autocast_enabled(x.device.type) else x)
+
+
+def _global_average(self, x):
+    """``AdaptiveAvgPool2d(1)`` as a mean over height and width: vmap has no batching rule
+    for the pool's ``as_strided_`` and ran it member by member (resnet18's head)."""
+    return x.mean((-2, -1), keepdim=True)
 
 
 def _basic_block(self, x):
