@@ -62,3 +62,41 @@ def test_a_shared_gpu_pack_is_one_step_holding_its_gpus_that_places_its_members(
     # and nothing more: no member started, none has a log
     assert "started (attempt" not in log and "Traceback" not in log, log
     assert not list((tmp_path / "results/logs/train").glob("*/segment-1.attempt*.log"))
+
+
+def test_a_gpu_pack_is_one_step_whose_tasks_each_see_their_own_gpu(tmp_path):
+    """A pack of 2 one-GPU members (no MPS): one job asking both GPUs of a node, ONE step
+    whose two tasks Slurm binds to a GPU each (`--gpus-per-task`; issue 47: a step per member
+    cost 3 RPCs each), each member in its own log with its GPU and its own exit status (no
+    CUDA here: each fails alone, after both started)."""
+    extra = multi_config(tmp_path, strategies=["gpu"], segments={"count": 1},
+                         sweep={"lr": [0.01, 0.02]}, pack={"runs_per_job": 2},
+                         resources={"cpus_per_task": 1, "mem_mb": 1000, "runtime": 10})
+    out = slurm(tmp_path, "--keep-going", "--retries", "0", configfile=[CONFIG, extra],
+                check=False)
+    text = out.stdout + out.stderr
+    assert out.returncode != 0
+    (jobid,) = set(submitted(text)["train_gpu"])
+    show = subprocess.run(["scontrol", "show", "job", jobid], capture_output=True, text=True,
+                          check=True).stdout
+    for field in ("NumNodes=1", "NumTasks=2"):
+        assert field in show, (field, show)
+    assert re.search(r"TresPerNode=gres:gpu:2\b", show), show
+    log = (tmp_path / "results/logs/packs/gpu-pack001/segment-1.log").read_text()
+    assert re.search(r"2 member\(s\) as the tasks of one Slurm step: srun --ntasks=2 "
+                     r"--cpus-per-task=1 --mem-per-cpu=1000 --gpus-per-task=1 "
+                     r"--kill-on-bad-exit=0 --job-name=gpu-pack001 sh \S+\.step\.sh", log), log
+    steps = subprocess.run(["sacct", "-n", "-P", "-j", jobid, "-o", "JobID"],
+                           capture_output=True, text=True, check=True).stdout.split()
+    assert [s for s in steps if "." in s and s.split(".")[1].isdigit()] == [f"{jobid}.0"], steps
+    seen = {}
+    for run in ("gpu_lr0p01", "gpu_lr0p02"):
+        member = (tmp_path / f"results/logs/train/{run}/segment-1.log").read_text()
+        task = re.search(rf"\[pack gpu-pack001\] {run}: task (\d) of step {jobid}\.0 on "
+                         r"(n[12]), CUDA_VISIBLE_DEVICES=(\d)\n", member)
+        assert task, member
+        seen[run] = task.groups()
+        assert f"[pack gpu-pack001] {run}: FAILED with exit status" in log, log
+    assert {t[0] for t in seen.values()} == {"0", "1"}  # a task each
+    assert len({t[1] for t in seen.values()}) == 1  # on one node
+    assert {t[2] for t in seen.values()} == {"0", "1"}, seen  # a GPU each

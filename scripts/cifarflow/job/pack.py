@@ -1,8 +1,8 @@
 """One job, several sweep members: segment k of every member of a pack, at once.
 
-Inside a Slurm allocation each member is a job step of its own (``srun --exact``: one task
-of cpus_per_task cores, and one GPU where the strategy trains on one), so Slurm places the
-members on the allocation's nodes and keeps them apart; outside Slurm they are child
+Inside a Slurm allocation the members are the tasks of ONE job step (pack_step.py: a task
+of cpus_per_task cores each, and its own GPU where the strategy trains on one), so Slurm
+places the members on the allocation's nodes and keeps them apart; outside Slurm they are child
 processes, as many at once as the job's cores allow. Every member keeps its own log
 (``segment-<k>.attempt<n>.log``; ``segment-<k>.log`` points at the latest), checkpoint,
 metrics and exit status. The job fails if a member failed, once all others finished; its
@@ -26,7 +26,7 @@ from ..engine.cuda import GPU_INDEX_ENV
 from ..layout import RunPaths
 from ..orders import PackOrder
 from .fused_pack import run_fused_pack
-from .members import next_attempt, open_member_log, publish_record, slurm_step, to_train
+from .members import next_attempt, open_member_log, publish_record, to_train
 from .mps_daemon import mps_dirs, private_daemon
 from .mps_pack import GpuSlots, run_in_one_step, share_gpus_here
 from .pack_step import train_in_one_step
@@ -35,7 +35,7 @@ from .pack_step import train_in_one_step
 def run_pack(order: PackOrder) -> int:
     """Segment k of the pack's members, as its order says: fused, MPS-shared (in a Slurm
     job, its one step runs the same order again, in_step), or a process each (in a Slurm
-    job, CPU members as the tasks of one step: pack_step.py)."""
+    job, the members as the tasks of one step: pack_step.py)."""
     if order.fuse:
         return run_fused_pack(order)
     in_slurm = bool(os.environ.get("SLURM_JOB_ID"))
@@ -55,15 +55,13 @@ def run_pack(order: PackOrder) -> int:
 
 def train_members(order: PackOrder, slots: int, steps: bool, shared: GpuSlots | None = None,
                   env: dict | None = None) -> int:
-    """Each member as its own process (a Slurm step of its own where ``steps``), ``slots``
-    at once and, on GPUs ``shared`` through MPS, where ``shared`` has room."""
+    """Each member as its own process: the tasks of one Slurm step where ``steps``, else
+    ``slots`` at once and, on GPUs ``shared`` through MPS, where ``shared`` has room."""
     pack, k = order.pack, order.segment
-    one_step = steps and not order.gpus  # CPU members: the tasks of one step
-    how = "one Slurm step" if one_step else "one Slurm step each" if steps else \
-        f"{slots} at a time"
+    how = "one Slurm step" if steps else f"{slots} at a time"
     print(f"[pack {pack}] segment {k}: {len(order.members)} member(s), {how}", flush=True)
     report, waiting = to_train(pack, k, order.members, order.results, order.until_epoch)
-    if one_step and waiting:
+    if steps and waiting:
         for run, (attempt, code) in train_in_one_step(order, waiting).items():
             report[run] = ended_member(order, run, attempt, code)
         waiting = []
@@ -74,8 +72,6 @@ def train_members(order: PackOrder, slots: int, steps: bool, shared: GpuSlots | 
             paths = RunPaths(order.results, run)
             attempt = next_attempt(paths, k)
             argv = order.member(run, attempt).command()
-            if steps:
-                argv = slurm_step(argv, run, order.threads, order.mem_per_cpu, order.gpus)
             place, member_env, where = None, env, ""
             if shared:  # its GPU, as one of its sharers, and its own cores
                 place = shared.take()

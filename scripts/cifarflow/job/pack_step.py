@@ -1,12 +1,13 @@
-"""A CPU pack's members in ONE Slurm step per job (issue 47: a step per member cost the
+"""A pack's members in ONE Slurm step per job (issue 47: a step per member cost the
 scheduler three RPCs each: create, allocation info, complete). The pack's driver writes one
 shell script and starts ``srun --ntasks=<members> sh <script>``; Slurm places the tasks on
-the allocation's nodes (a member's cores and memory each) and each task runs the member of
+the allocation's nodes (a member's cores and memory each, and with ``--gpus-per-task`` its
+own GPUs: Slurm sets each task's CUDA_VISIBLE_DEVICES) and each task runs the member of
 its index (SLURM_PROCID): the member's own `cifarflow train` (its order), as one task of
 rank 0, appending to its own log, then its exit status into a file the driver reads. No
 Python stands between the task and the member (its memory counts in the step's), and
-``--kill-on-bad-exit=0``: a member that fails never ends the others. GPU packs keep a step
-per member (each its own GPU); MPS-shared and fused packs already run one step."""
+``--kill-on-bad-exit=0``: a member that fails never ends the others. MPS-shared and fused
+packs run one step of their own (mps_pack.py, fused_pack.py)."""
 
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ def step_script(order: PackOrder, members: list[tuple[str, int]]) -> str:
     """Task i runs member i (its name, its attempt) and writes its exit status."""
     _, exits = step_files(order)
     one_task = " ".join(f"{k}={v}" for k, v in ONE_TASK.items())
+    gpus = ", CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES" if order.gpus else ""
     lines = ["#!/bin/sh", "# written by cifarflow train-pack: one task per member",
              'case "$SLURM_PROCID" in']
     for i, (run, attempt) in enumerate(members):
@@ -41,17 +43,18 @@ def step_script(order: PackOrder, members: list[tuple[str, int]]) -> str:
         log = shlex.quote(paths.attempt_log(order.segment, attempt))
         train = shlex.join(order.member(run, attempt).command())
         lines += [f"  {i})", f'    echo "[pack {order.pack}] {run}: task $SLURM_PROCID of step '
-                  f'$SLURM_JOB_ID.$SLURM_STEP_ID on $(hostname)" >> {log}',
+                  f'$SLURM_JOB_ID.$SLURM_STEP_ID on $(hostname){gpus}" >> {log}',
                   f"    {one_task} {train} >> {log} 2>&1",
                   f"    echo $? > {shlex.quote(str(exits / run))} ;;"]
     return "\n".join(lines + ["esac", ""])
 
 
 def one_step_argv(order: PackOrder, count: int) -> list[str]:
-    """The step: a task per member, each a member's cores and memory."""
+    """The step: a task per member, each a member's cores, memory and GPUs."""
     script, _ = step_files(order)
+    gpus = [f"--gpus-per-task={order.gpus}"] if order.gpus else []
     return ["srun", f"--ntasks={count}", f"--cpus-per-task={order.threads}",
-            f"--mem-per-cpu={order.mem_per_cpu}", "--kill-on-bad-exit=0",
+            f"--mem-per-cpu={order.mem_per_cpu}", *gpus, "--kill-on-bad-exit=0",
             f"--job-name={order.pack}", "sh", str(script)]
 
 
