@@ -88,7 +88,7 @@ class PackRules:
     def resources(self, strategy: str) -> dict:
         """The request of a strategy's pack segments, then the config's placement (slurm.extra
         joins the pack's own sbatch options: pack.whole_node's --exclusive). `mpi` tells the
-        Slurm plugin not to wrap the job in a step of its own: each member is one; empty for
+        Slurm plugin not to wrap the job in a step of its own: the members' step is; empty for
         one member (the plugin refuses an mpi job of one task), which the jobstep still runs
         outside a step of its own."""
         kind, gpu = self.kind(strategy), get_strategy(strategy).device_kind == "cuda"
