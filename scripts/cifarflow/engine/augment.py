@@ -42,29 +42,33 @@ class Draws:
     flip: torch.Tensor | None
     shift: torch.Tensor | None
 
+    def each(self, change) -> "Draws":
+        """``change`` applied to each kind of draw there is (flip, shift)."""
+        return Draws(*(None if t is None else change(t) for t in (self.flip, self.shift)))
+
+    @staticmethod
+    def _join(parts: list, join) -> "Draws":
+        first = parts[0]
+        return Draws(None if first.flip is None else join([d.flip for d in parts]),
+                     None if first.shift is None else join([d.shift for d in parts]))
+
     @staticmethod
     def cat(parts: list) -> "Draws":
         """The draws of several batches, one after another (a fused group's members)."""
-        first = parts[0]
-        return Draws(None if first.flip is None else torch.cat([d.flip for d in parts]),
-                     None if first.shift is None else torch.cat([d.shift for d in parts]))
+        return Draws._join(parts, torch.cat)
 
     @staticmethod
     def stack(parts: list) -> "Draws":
         """The draws of several members, one row each: flip (K, N), shift (K, N, 2)."""
-        first = parts[0]
-        return Draws(None if first.flip is None else torch.stack([d.flip for d in parts]),
-                     None if first.shift is None else torch.stack([d.shift for d in parts]))
+        return Draws._join(parts, torch.stack)
 
     def rows(self, start: int, stop: int) -> "Draws":
         """Images start..stop of each member's row of stacked draws (``stack``), the
         members' one after another: flip (K x n,), shift (K x n, 2)."""
-        return Draws(*(None if t is None else t[:, start:stop].reshape(-1, *t.shape[2:])
-                       for t in (self.flip, self.shift)))
+        return self.each(lambda t: t[:, start:stop].reshape(-1, *t.shape[2:]))
 
     def to(self, device) -> "Draws":
-        return Draws(None if self.flip is None else self.flip.to(device),
-                     None if self.shift is None else self.shift.to(device))
+        return self.each(lambda t: t.to(device))
 
 
 def draws(n: int, seed: int, epoch: int, batch: int, rank: int = 0, *, flip: bool = False,
@@ -86,15 +90,11 @@ class EpochDraws:
         self.batch_size = batch_size
         made = Draws.cat(parts)
         if str(device).startswith("cuda"):  # one copy, queued, from page-locked memory
-            made = Draws(*(None if t is None else t.pin_memory().to(device, non_blocking=True)
-                           for t in (made.flip, made.shift)))
+            made = made.each(lambda t: t.pin_memory().to(device, non_blocking=True))
         self.draws = made
 
     def batch(self, b: int) -> Draws:
-        rows = slice(b * self.batch_size, (b + 1) * self.batch_size)
-        d = self.draws
-        return Draws(None if d.flip is None else d.flip[rows],
-                     None if d.shift is None else d.shift[rows])
+        return self.draws.each(lambda t: t[b * self.batch_size:(b + 1) * self.batch_size])
 
 
 def _memory_format(x: torch.Tensor):

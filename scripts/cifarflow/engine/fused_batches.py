@@ -73,7 +73,4 @@ class LazyBatches:
     def __getitem__(self, k: int):
         source = self.batches
         x = source.split.images.index_select(0, self.sel[k])
-        draws = self.members[k].epoch_draws(self.epoch)
-        if draws is not None:
-            x = apply(x, draws.batch(self.b))
-        return normalize(x, source.channels_last)
+        return normalize(self.members[k].augmented(x, self.epoch, self.b), source.channels_last)

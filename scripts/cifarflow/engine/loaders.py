@@ -89,14 +89,20 @@ class TensorBatches:
         return shard(epoch_order(len(self.split), self.seed, epoch),
                      self.rank, self.world_size)
 
+    @property
+    def rank_images(self) -> int:
+        """The images of an epoch on this rank (``indices``' length)."""
+        return math.ceil(len(self.split) / self.world_size)
+
     def __len__(self) -> int:
-        return math.ceil(math.ceil(len(self.split) / self.world_size) / self.batch_size)
+        return math.ceil(self.rank_images / self.batch_size)
 
     def augmented(self, x: torch.Tensor, epoch: int, batch: int, fill: float = 0) -> torch.Tensor:
         """Batch ``batch`` of ``epoch`` (its pixels ``x``) as this run's ``train.augment``
-        changes it on this rank: ``x`` itself when augmentation is off. A fused group calls
-        it for each member (each with its own seed)."""
-        return self.augment.batch(x, self.seed, epoch, batch, self.rank, fill)
+        changes it on this rank (the epoch's draws, ``epoch_draws``): ``x`` itself when
+        augmentation is off. A fused group's loop calls it for each member (its own seed)."""
+        draws = self.epoch_draws(epoch)
+        return x if draws is None else apply(x, draws.batch(batch).to(x.device), fill)
 
     def epoch_draws(self, epoch: int):
         """The augmentation's draws of every batch of ``epoch`` on this rank, made once an
@@ -104,19 +110,16 @@ class TensorBatches:
         if not self.augment:
             return None
         if self._draws is None or self._draws[0] != epoch:
-            images = math.ceil(len(self.split) / self.world_size)
-            self._draws = epoch, self.augment.epoch(images, self.batch_size, self.seed, epoch,
-                                                    self.rank, self.split.images.device)
+            self._draws = epoch, self.augment.epoch(self.rank_images, self.batch_size,
+                                                    self.seed, epoch, self.rank,
+                                                    self.split.images.device)
         return self._draws[1]
 
     def epoch(self, epoch: int, start: int = 0):
         idx = self.indices(epoch).to(self.split.images.device)
-        draws = self.epoch_draws(epoch)
         for b in range(start, len(self)):
             sel = idx[b * self.batch_size:(b + 1) * self.batch_size]
-            x = self.split.images.index_select(0, sel)
-            if draws is not None:
-                x = apply(x, draws.batch(b))
+            x = self.augmented(self.split.images.index_select(0, sel), epoch, b)
             y = self.split.labels.index_select(0, sel)
             yield normalize(x, self.channels_last), y
 
