@@ -84,6 +84,12 @@ def pack_marker(results: str, pack: str, k: int) -> str:
     return f"{results}/packs/{pack}/segment-{k}.json"
 
 
+def jobs_record(results: str) -> str:
+    """The Slurm jobs this results folder's controllers submitted, and each controller that
+    held the working directory's lock (slurm_queue.JobRecord)."""
+    return f"{results}/controller/jobs.jsonl"
+
+
 def segment_number(path) -> int | None:
     found = re.search(r"segment-(\d+)", str(path))
     return int(found.group(1)) if found else None

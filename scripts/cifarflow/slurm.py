@@ -208,10 +208,11 @@ def records(kind: str) -> list[dict]:
     return [fields(line) for line in reply.stdout.splitlines() if line.strip()]
 
 
-def pending_jobs(format: str) -> str:
-    """This user's pending jobs, one line each in squeue's ``format``; "" where Slurm
-    does not answer."""
-    return ask(["squeue", "--me", "-h", "-t", "PD", "-o", format]).stdout
+def my_jobs(format: str) -> str | None:
+    """This user's queued jobs (every state squeue lists), one line each in squeue's
+    ``format``; None where Slurm does not answer."""
+    reply = ask(["squeue", "--me", "-h", "-o", format])
+    return reply.stdout if reply.ok else None
 
 
 def reservations() -> list[dict]:

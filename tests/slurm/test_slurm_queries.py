@@ -19,7 +19,7 @@ from cifarflow import slurm
 from cifarflow.job import tries
 from cifarflow.results.aggregate import aggregate
 from cifarflow.controller.pending import PendingWatch
-from cifarflow.slurm_queue import squeue_pending, workflow_pending
+from cifarflow.slurm_queue import pending_of, squeue_mine
 from alliance import CPU_ACCOUNT
 
 pytestmark = pytest.mark.slurm
@@ -136,13 +136,12 @@ def test_a_job_held_by_a_maintenance_reservation_is_not_named_as_never_starting(
         deadline, reason = time.time() + 120, ""
         while not reason.startswith("ReqNodeNotAvail") and time.time() < deadline:
             time.sleep(0.5)
-            found = [j for j in workflow_pending(squeue_pending(), str(tmp_path))
-                     if j["job"] == job]
+            found = pending_of(squeue_mine(), {job})
             reason = found[0]["reason"] if found else ""
         assert reason.startswith("ReqNodeNotAvail"), reason
         [end] = [r["EndTime"] for r in slurm.reservations() if r["ReservationName"] == name]
         said = []
-        PendingWatch(str(tmp_path), said.append).poll()
+        PendingWatch({job}, said.append).poll()  # a job this controller submitted
         assert said == [f"Slurm job {job} (train_cpu_wildcards_cpu_1) is pending for {reason} "
                         f"in partition multi: it waits for the maintenance reservation {name} "
                         f"on n1 until {end}, and starts by itself when the maintenance ends"]

@@ -14,7 +14,7 @@ from conftest import assert_bit_identical, cli, run_batches, snakemake, state_of
 from cifarflow.engine import checkpoint as ckpt
 from cifarflow.job import takeover
 from cifarflow.job import tries
-from cifarflow.slurm_queue import PENDING_FORMAT
+from cifarflow.slurm_queue import QUEUE_FORMAT, JobRecord
 from alliance import CPU_ACCOUNT
 from test_slurm import CONFIG, job_state, slurm, start_long_segment, submitted
 
@@ -64,11 +64,16 @@ def sbatch(*args) -> str:
                           check=True).stdout.strip()
 
 
-def held_job(workdir) -> str:
-    """A pending job of the workflow in `workdir`, as Snakemake's plugin submits one
-    (its comment names the rule); held, so it uses no CPU."""
-    return sbatch("--hold", "-D", str(workdir), "--comment", "rule_train_cpu_wildcards_cpu_1",
-                  "--wrap", "true")
+def held_job(workdir, invocation: str | None = None) -> str:
+    """A pending job in `workdir`, as Snakemake's plugin submits one (its comment names the
+    rule); held, so it uses no CPU. ``invocation``: recorded as that run of the workflow's
+    (its controller's JobRecord, in workdir/results); None: submitted by someone else."""
+    job = sbatch("--hold", "-D", str(workdir), "--comment", "rule_train_cpu_wildcards_cpu_1",
+                 "--wrap", "true")
+    if invocation:
+        JobRecord(str(workdir / "results")).add("job", invocation, job=job,
+                                                rule="train_cpu_wildcards_cpu_1")
+    return job
 
 
 def restarted(tmp_path, monkeypatch, earlier_job: str) -> str:
@@ -88,9 +93,12 @@ def restarted(tmp_path, monkeypatch, earlier_job: str) -> str:
 
 def test_a_restart_cancels_what_the_earlier_run_of_the_workflow_left_pending(tmp_path,
                                                                               monkeypatch):
-    """Pending jobs of this working directory submitted before this run of the workflow
-    started are cancelled when its first try takes over; its own stay."""
-    earlier = held_job(tmp_path)
+    """Pending jobs an earlier run of the workflow recorded submitting are cancelled when
+    the first try of this one takes over; its own stay, and so does a job of the same
+    folder and rule comment that no controller recorded (a second Snakemake's, refused by
+    the lock, or the user's own)."""
+    earlier = held_job(tmp_path, "1000.1")
+    stranger = held_job(tmp_path)
     time.sleep(2)  # squeue gives submit times in whole seconds
     ended = sbatch("--wrap", "true")
     deadline = time.time() + 300  # the earlier try's job ended: nothing to wait for
@@ -98,16 +106,17 @@ def test_a_restart_cancels_what_the_earlier_run_of_the_workflow_left_pending(tmp
         time.sleep(0.5)
     restarted(tmp_path, monkeypatch, ended)
     time.sleep(2)
-    own = held_job(tmp_path)
+    own = held_job(tmp_path, os.environ[tries.INVOCATION])
     monkeypatch.setenv("SLURM_JOB_ID", own)  # this try's job (the restarted workflow's)
     said = []
     try:
         takeover.take_over(tmp_path / "results/runs/cpu", "cpu", say=said.append)
-        assert (job_state(earlier), job_state(own)) == ("CANCELLED", "PENDING")
+        assert (job_state(earlier), job_state(own), job_state(stranger)) == \
+            ("CANCELLED", "PENDING", "PENDING")
         assert said[0] == (f"[takeover] cancelled 1 pending Slurm job(s) an earlier run of the "
                            f"workflow queued: {earlier} (this run of the workflow queues its own)")
     finally:
-        subprocess.run(["scancel", earlier, own])
+        subprocess.run(["scancel", earlier, own, stranger])
 
 
 @pytest.mark.slow  # a minute of looking at a job that will not end
@@ -117,6 +126,10 @@ def test_a_job_that_will_not_end_is_asked_about_a_handful_of_times_a_minute(tmp_
     (here: not cancelled at all, so on any machine): the take-over asks squeue about it 7
     times in that minute (with a look a second: 62), and once for pending jobs."""
     live = sbatch("--wrap", "sleep 300")
+    deadline = time.time() + 120  # a running try (a pending one would be cancelled as such)
+    while job_state(live) != "RUNNING" and time.time() < deadline:
+        time.sleep(0.2)
+    JobRecord(str(tmp_path / "results")).add("job", "1000.1", job=live, rule="train_cpu")
     calls = tmp_path / "squeue.calls"
     wrappers = tmp_path / "bin"
     wrappers.mkdir()
@@ -134,6 +147,6 @@ def test_a_job_that_will_not_end_is_asked_about_a_handful_of_times_a_minute(tmp_
                                patience=takeover.Patience(wait_s=60))
         assert time.monotonic() - t0 > 60
         looks = calls.read_text().splitlines()
-        assert looks == [f"squeue --me -h -t PD -o {PENDING_FORMAT}"] + [f"squeue -h -j {live} -o %T"] * 7
+        assert looks == [f"squeue --me -h -o {QUEUE_FORMAT}"] + [f"squeue -h -j {live} -o %T"] * 7
     finally:
         subprocess.run(["scancel", live])

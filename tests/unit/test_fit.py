@@ -2,6 +2,8 @@
 (parsed real `scontrol -o show partition/node` output of the test cluster), and the pending
 reasons the controller names (real `squeue` lines)."""
 
+import pytest
+
 from cifarflow.config import with_defaults
 from cifarflow.controller.gpu_limits import gpu_share_warnings, gpu_slice_errors
 from cifarflow.controller.partitions import expand_hostlist, partition_capacity
@@ -136,18 +138,21 @@ def test_more_cores_or_memory_per_gpu_than_a_nodes_share_is_a_warning():
 
 
 SQUEUE = """\
-48|/work/sweep|DependencyNeverSatisfied|(null)|debug||2026-12-06T17:40:09
-22|/work/sweep|PartitionConfig|rule_train_cpu_wildcards_cpu-pack001_1|debug||2026-12-06T17:40:09
-45|/work/sweep|Resources|rule_train_cpu_wildcards_cpu-pack002_1|multi||2026-12-06T17:40:10
-46|/elsewhere|PartitionConfig|rule_train_cpu_wildcards_cpu-pack001_1|debug||2026-12-06T17:40:10
+48|PENDING|DependencyNeverSatisfied|(null)|debug||2026-12-06T17:40:09
+22|PENDING|PartitionConfig|rule_train_cpu_wildcards_cpu-pack001_1|debug||2026-12-06T17:40:09
+45|PENDING|Resources|rule_train_cpu_wildcards_cpu-pack002_1|multi||2026-12-06T17:40:10
+46|PENDING|PartitionConfig|rule_train_cpu_wildcards_cpu-pack001_1|debug||2026-12-06T17:40:10
+47|RUNNING|None|rule_train_cpu_wildcards_cpu-pack003_1|debug||2026-12-06T17:40:10
 """
+OWNED = {"48", "22", "45", "47"}  # 46: not submitted by this controller (another workflow's)
 
 
 def test_stuck_jobs_of_this_workflow_are_named_once():
-    assert [j["job"] for j in stuck_jobs(SQUEUE, "/work/sweep")] == ["48", "22"]
+    assert [j["job"] for j in stuck_jobs(SQUEUE, OWNED)] == ["48", "22"]
     said = []
-    watch = PendingWatch("/work/sweep", said.append, query=lambda: SQUEUE)
+    watch = PendingWatch(OWNED, said.append, query=lambda: SQUEUE)
     assert len(watch.poll()) == 2 and watch.poll() == []
+    assert PendingWatch(set(), said.append, query=lambda: pytest.fail("asked")).poll() == []
     assert said[1] == ("Slurm job 22 (train_cpu_wildcards_cpu-pack001_1) is pending for "
                        "PartitionConfig in partition debug: it asks more than the partition's "
                        "nodes can ever give; it will not start by itself: scancel 22, then "

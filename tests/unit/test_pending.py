@@ -4,7 +4,7 @@ maintenance ends: named with the reservation's end, no scancel). Real squeue rea
 real `scontrol -o show reservation` line of the test cluster."""
 
 from cifarflow.controller.pending import PendingWatch, maintenance_of, stuck_jobs
-from cifarflow.slurm_queue import workflow_pending
+from cifarflow.slurm_queue import pending_of
 from cifarflow.slurm import fields
 
 RESERVATION = fields(
@@ -17,9 +17,9 @@ PARTITIONS = {"multi": "n[1-2]", "debug": "vm"}
 
 
 def job(reason, nodes="", partition="multi"):
-    line = f"7|/work/sweep|{reason}|rule_train_cpu_wildcards_cpu_1|{partition}|{nodes}|" \
+    line = f"7|PENDING|{reason}|rule_train_cpu_wildcards_cpu_1|{partition}|{nodes}|" \
            "2026-12-06T17:40:09"
-    [found] = workflow_pending(line, "/work/sweep")
+    [found] = pending_of(line, {"7"})
     return found
 
 
@@ -44,12 +44,12 @@ def test_a_maintenance_reservation_is_told_from_a_node_down_or_drained():
 
 
 def test_a_job_waiting_for_maintenance_is_named_without_scancel():
-    queue = ("7|/work/sweep|ReqNodeNotAvail, UnavailableNodes:n1|rule_train_cpu_wildcards_"
+    queue = ("7|PENDING|ReqNodeNotAvail, UnavailableNodes:n1|rule_train_cpu_wildcards_"
              "cpu_1|multi||2026-12-06T17:40:09\n"
-             "8|/work/sweep|ReqNodeNotAvail, UnavailableNodes:n2|rule_train_cpu_wildcards_"
+             "8|PENDING|ReqNodeNotAvail, UnavailableNodes:n2|rule_train_cpu_wildcards_"
              "cpu_2|multi||2026-12-06T17:40:09\n")
     asked, said = [], []
-    watch = PendingWatch("/work/sweep", said.append, query=lambda: queue,
+    watch = PendingWatch({"7", "8"}, said.append, query=lambda: queue,
                          reservations=lambda: asked.append(1) or [RESERVATION],
                          nodes_of=PARTITIONS.get)
     assert len(watch.poll()) == 2 and watch.poll() == []
@@ -63,4 +63,4 @@ def test_a_job_waiting_for_maintenance_is_named_without_scancel():
         "UnavailableNodes:n2 in partition multi: a node it needs is unavailable (down, "
         "drained or reserved); it will not start by itself: scancel 8, then change the "
         "request or the partition (snakemake -n checks the plan against the partition)"]
-    assert [j["maintenance"] for j in stuck_jobs(queue, "/work/sweep")] == [None, None]
+    assert [j["maintenance"] for j in stuck_jobs(queue, {"7", "8"})] == [None, None]

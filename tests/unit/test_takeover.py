@@ -11,7 +11,7 @@ import pytest
 from cifarflow.job import takeover
 
 from cifarflow.job import tries
-from cifarflow.slurm_queue import PENDING_FORMAT, earlier_jobs
+from cifarflow.slurm_queue import QUEUE_FORMAT, JobRecord
 from cifarflow.job.takeover import (Patience, Reach, Superseded, backoff, cancel_earlier_pending,
                                 open_tries, take_over)
 
@@ -31,7 +31,7 @@ def clean_env(monkeypatch):
     monkeypatch.setattr(takeover, "PENDING_ASKED", set())  # each test a fresh process
 
 
-def no_pending(mine, say):
+def no_pending(mine, results, say):
     """The earlier run of the workflow left nothing pending (the cluster test cancels)."""
 
 
@@ -45,7 +45,7 @@ def test_a_live_try_of_an_earlier_run_is_cancelled_and_waited_for(tmp_path, monk
     take_over(tmp_path, "cpu", say=said.append,
               reach=Reach(is_alive=lambda e: next(polls),
                           stop=lambda e: cancelled.append(e["job_id"]),
-                          cancel_pending=lambda mine, say: cancelled.append(f"pending of {mine}")),
+                          cancel_pending=lambda mine, results, say: cancelled.append(f"pending of {mine}")),
               patience=Patience(poll_s=0))
     assert cancelled == ["pending of 2000.7", "12"]
     assert said[0] == ("[takeover] cpu: Slurm job 12 (segment 2, attempt 1, of an earlier run "
@@ -72,7 +72,7 @@ def test_a_try_of_an_earlier_run_never_trains_after_a_newer_one_started(tmp_path
                                          r"\(Slurm job 30, segment 1\)"):
         take_over(tmp_path, "cpu", reach=Reach(
             is_alive=lambda e: False, stop=lambda e: None,
-            cancel_pending=lambda mine, say: pytest.fail("a stale try cancels nothing")))
+            cancel_pending=lambda mine, results, say: pytest.fail("a stale try cancels nothing")))
 
 
 def test_a_try_that_will_not_end_is_not_trained_beside(tmp_path, monkeypatch):
@@ -104,46 +104,54 @@ def test_a_cancelled_job_is_looked_at_less_and_less_often(tmp_path, monkeypatch)
     assert len(looks) == 26  # one before the cancel, 25 after (603 with a look a second)
 
 
-def squeue_line(job, workdir, submitted, comment="rule_train_cpu_wildcards_cpu_1"):
+def squeue_line(job, submitted, state="PENDING", comment="rule_train_cpu_wildcards_cpu_1"):
     stamp = datetime.fromtimestamp(submitted).isoformat(timespec="seconds")
-    return f"{job}|{workdir}|Priority|{comment}|debug||{stamp}\n"
+    return f"{job}|{state}|Priority|{comment}|debug||{stamp}\n"
 
 
-def test_an_earlier_run_of_the_workflows_pending_jobs_are_cancelled(tmp_path, monkeypatch):
-    """Pending in this working directory, submitted by Snakemake (comment rule_...) before
-    this run of the workflow started: cancelled, in one scancel. This run's own, another
-    directory's and a job submitted by hand stay."""
-    assert PENDING_FORMAT.split("|")[-1] == "%V"  # the submit time, as these lines give it
-    work = str(tmp_path)
-    queue = (squeue_line("31", work, 1990) + squeue_line("32", work, 1999)
-             + squeue_line("33", work, 2001)                        # this run's own
-             + squeue_line("34", "/elsewhere", 1990)                # another workflow's
-             + squeue_line("35", work, 1990, comment="(null)"))     # sbatch by hand
-    assert [j["job"] for j in earlier_jobs(queue, work, 2000.0)] == ["31", "32"]
+def test_an_earlier_run_of_the_workflows_pending_jobs_are_cancelled(tmp_path):
+    """Pending, recorded by a controller of this results folder that started before this
+    run of the workflow: cancelled, in one scancel. This run's own, a running one, and jobs
+    no controller of this folder recorded (another folder's, a second Snakemake's that never
+    held the lock, one submitted by hand, with the same rule comment) stay."""
+    assert QUEUE_FORMAT.split("|")[-1] == "%V"  # the submit time, as these lines give it
+    record = JobRecord(str(tmp_path))
+    for invocation, job in (("1990.4", "31"), ("1999.5", "32"), ("1999.5", "36"),
+                            ("2001.6", "33")):
+        record.add("job", invocation, job=job, rule="train_cpu")
+    queue = (squeue_line("31", 1990) + squeue_line("32", 1999)
+             + squeue_line("33", 2001)                       # this run's own
+             + squeue_line("36", 1999, state="RUNNING")      # a try: its run's takeover
+             + squeue_line("34", 1990)                       # not recorded here
+             + squeue_line("35", 1990, comment="(null)"))
     stopped, said = [], []
-    got = cancel_earlier_pending("2000.7", said.append, query=lambda: queue,
-                                 stop=lambda *jobs: stopped.append(jobs), workdir=work)
+    got = cancel_earlier_pending("2000.7", tmp_path, said.append, query=lambda: queue,
+                                 stop=lambda *jobs: stopped.append(jobs))
     assert got == ["31", "32"] and stopped == [("31", "32")]
     assert said == ["[takeover] cancelled 2 pending Slurm job(s) an earlier run of the workflow "
                     "queued: 31 32 (this run of the workflow queues its own)"]
-    assert cancel_earlier_pending("1000.1", said.append, query=lambda: queue,
-                                  stop=lambda *jobs: pytest.fail("none"), workdir=work) == []
+    assert cancel_earlier_pending("1000.1", tmp_path, said.append, query=lambda: queue,
+                                  stop=lambda *jobs: pytest.fail("none")) == []
+    assert cancel_earlier_pending("2000.7", tmp_path / "other", said.append,
+                                  query=lambda: pytest.fail("nothing recorded: no squeue"),
+                                  stop=lambda *jobs: pytest.fail("none")) == []
 
 
 def test_pending_jobs_are_looked_for_once_a_process_and_only_after_a_restart(tmp_path,
                                                                             monkeypatch):
     asked = []
     start(tmp_path, monkeypatch, "2000.7", "20")                       # only this run's tries
-    take_over(tmp_path, "cpu", reach=Reach(cancel_pending=lambda mine, say: asked.append(mine)))
+    take_over(tmp_path, "cpu",
+              reach=Reach(cancel_pending=lambda mine, results, say: asked.append(mine)))
     assert asked == []
     start(tmp_path / "other", monkeypatch, "1000.1", "12", end="completed")
     monkeypatch.setenv(tries.INVOCATION, "2000.7")
     for _ in range(2):  # a fused pack: each member takes over, one look for the job
         take_over(tmp_path / "other", "cpu",
-                  reach=Reach(cancel_pending=lambda mine, say: asked.append(mine)))
+                  reach=Reach(cancel_pending=lambda mine, results, say: asked.append(mine)))
     assert asked == ["2000.7"]
     monkeypatch.setattr(takeover, "PENDING_ASKED", set())
     monkeypatch.delenv("SLURM_JOB_ID")                                  # not under Slurm
     take_over(tmp_path / "other", "cpu",
-                  reach=Reach(cancel_pending=lambda mine, say: asked.append(mine)))
+                  reach=Reach(cancel_pending=lambda mine, results, say: asked.append(mine)))
     assert asked == ["2000.7"]

@@ -1,18 +1,18 @@
 """Jobs that wait for what will never come: while the workflow runs on Slurm, a daemon
-thread of its main process asks squeue for this user's pending jobs now and then, keeps
-those of this workflow (their working directory is the workflow's), and names each one
+thread of its main process asks squeue for this user's jobs now and then, keeps the pending
+ones this controller submitted (ownership.py records them), and names each one
 pending for a reason that does not clear by itself, once; one that waits for a
-maintenance reservation is named too, with the reservation's end, and left to start.
-Also: the pending jobs an earlier run of the workflow queued (takeover). No torch here."""
+maintenance reservation is named too, with the reservation's end, and left to start. No torch
+here."""
 
 from __future__ import annotations
 
 import functools
 import threading
-from typing import Callable
+from typing import Callable, Container
 
 from .. import slurm
-from ..slurm_queue import squeue_pending, workflow_pending
+from ..slurm_queue import pending_of, squeue_mine
 from .partitions import expand_hostlist
 
 # squeue reasons a job keeps until someone changes it, the partition or the cluster
@@ -55,13 +55,13 @@ def maintenance_of(job: dict, reservations: list[dict],
     return "a maintenance reservation" if MAINTENANCE in job["reason"] else None
 
 
-def stuck_jobs(squeue_out: str, workdir: str,
+def stuck_jobs(squeue_out: str | None, owned: Container[str],
                maintenance: Callable[[dict], str | None] = lambda job: None) -> list[dict]:
     """This workflow's pending jobs whose reason will not clear by itself, and those that
     wait for a maintenance (``maintenance(job)`` says which, for ReqNodeNotAvail: "what"
     it waits for, else None)."""
     found = []
-    for job in workflow_pending(squeue_out, workdir):
+    for job in pending_of(squeue_out, owned):
         word = job["reason"].split(",")[0].strip("()").split(" ")[0]
         why = STUCK.get(word)
         if why:
@@ -91,18 +91,20 @@ class PendingWatch:
     workflow submits to Slurm); says each stuck job once through `say`, and each job that
     waits for a maintenance (asking `reservations()` then, once a look)."""
 
-    def __init__(self, workdir: str, say: Callable[[str], None], interval_s: float = 60,
-                 query: Callable[[], str] = squeue_pending,
+    def __init__(self, owned: Container[str], say: Callable[[str], None],
+                 interval_s: float = 60, query: Callable[[], str | None] = squeue_mine,
                  active: Callable[[], bool] = lambda: True,
                  reservations: Callable[[], list[dict]] = slurm.reservations,
                  nodes_of: Callable[[str], str] = partition_nodes):
-        self.workdir, self.say, self.interval_s, self.query = workdir, say, interval_s, query
+        self.owned, self.say, self.interval_s, self.query = owned, say, interval_s, query
         self.active = active  # asked at each look: Snakemake knows its executor only then
         self.reservations, self.nodes_of = reservations, nodes_of
         self.named: set[str] = set()
         self.stopped = threading.Event()
 
     def poll(self) -> list[str]:
+        if not self.owned:
+            return []  # nothing submitted yet: nothing to ask squeue about
         lines, asked = [], functools.cache(self.reservations)
 
         def maintenance(job: dict) -> str | None:
@@ -110,7 +112,7 @@ class PendingWatch:
                 return None  # named already: nothing more to ask
             return maintenance_of(job, asked(), self.nodes_of)
 
-        for job in stuck_jobs(self.query(), self.workdir, maintenance):
+        for job in stuck_jobs(self.query(), self.owned, maintenance):
             if job["job"] not in self.named:
                 self.named.add(job["job"])
                 lines.append(describe(job))

@@ -62,3 +62,66 @@ def start_jobs_quietly() -> None:
     from ..job.snakemake_start import start_through_this_file
 
     start_through_this_file(plugin.Executor)
+
+
+def patched(owner, name: str, package: str):
+    """``owner.name``, which a fix wraps; a clear error where this release lacks it."""
+    original = getattr(owner, name, None)
+    if original is None:
+        from importlib.metadata import version
+
+        raise RuntimeError(
+            f"cifarflow cannot apply its fix to {package} {version(package)}: "
+            f"{getattr(owner, '__name__', owner)}.{name} is not there. Install the release "
+            "constraints.txt pins (pip install -c constraints.txt ...), or report this")
+    return original
+
+
+LISTENERS: dict = {}  # what the two fixes below tell, set by the process's latest call
+
+
+def tell_when_locked(on_locked) -> None:
+    """``on_locked(lock files)`` once Snakemake holds the working directory's lock, before it
+    submits anything (never where the lock is refused: LockException, nor in a dry run or
+    with --nolock, where Snakemake does not take it)."""
+    import contextlib
+
+    from snakemake.persistence import PersistenceBase
+
+    LISTENERS["locked"] = on_locked
+    original = patched(PersistenceBase, "lock", "snakemake")
+    if getattr(original, "cifarflow_fix", False):
+        return
+
+    @contextlib.contextmanager
+    def lock(self):
+        with original(self):
+            LISTENERS["locked"](list(getattr(self, "_lockfile", {}).values()))  # file backend
+            yield
+
+    lock.cifarflow_fix = True
+    PersistenceBase.lock = lock
+
+
+def tell_each_submission(on_submitted) -> None:
+    """``on_submitted(job id, rule)`` for each job the Slurm plugin submitted (as it reports
+    the submission to Snakemake)."""
+    import snakemake_executor_plugin_slurm as plugin
+
+    LISTENERS["submitted"] = on_submitted
+    original = patched(plugin.Executor, "report_job_submission",
+                       "snakemake-executor-plugin-slurm")
+    if getattr(original, "cifarflow_fix", False):
+        return
+
+    describe = patched(plugin, "get_job_wildcards", "snakemake-executor-plugin-slurm")
+
+    def report_job_submission(self, job_info):
+        if job_info.external_jobid:  # named as the plugin's comment names it, less "rule_"
+            job, wildcards = job_info.job, describe(job_info.job)
+            LISTENERS["submitted"](str(job_info.external_jobid),
+                                   f"{job.name}_wildcards_{wildcards}" if wildcards else job.name)
+        original(self, job_info)
+
+    report_job_submission.cifarflow_fix = True
+    plugin.Executor.report_job_submission = report_job_submission

@@ -32,8 +32,8 @@ from ..data_folders import data_folder
 from ..job.tries import INVOCATION
 from .checks import PlanChecks
 from .describe import plan_lines
-from .leftovers import leave_no_job_behind
 from .outputs import Outputs
+from .ownership import Ownership
 from .pack_plan import Pack, plan_packs
 from .pack_rules import PackRules
 from .pending import PendingWatch
@@ -114,15 +114,21 @@ class WorkflowPlan:
         workflow (which tries of a segment are its own), fix Snakemake, check the plan
         (checks.py, the jobs' software), write the run specs, say what the plan submits,
         watch for jobs pending forever while ``on_slurm()`` (it submits to Slurm, for real)
-        and say how far the plan got while ``training()`` (not a dry run)."""
-        environ[INVOCATION] = f"{time.time():.0f}.{os.getpid()}"
+        and say how far the plan got while ``training()`` (not a dry run). Record the jobs
+        it submits once it holds the lock, and cancel those left at its end (ownership.py)."""
+        invocation = environ[INVOCATION] = f"{time.time():.0f}.{os.getpid()}"
         self.main_process = True  # a later search round's specs are written here too
         from .snakemake_fixes import (ask_the_scheduler_once, keep_restarted_jobs_ready,
-                                      start_jobs_quietly)
+                                      start_jobs_quietly, tell_each_submission,
+                                      tell_when_locked)
 
         keep_restarted_jobs_ready()  # retried segments are not lost when a checkpoint finishes
         ask_the_scheduler_once()  # the plugin's constant questions, once
         start_jobs_quietly()  # and none from each job's Snakemake as it starts
+        self.ownership = Ownership(self.results, invocation, workdir, environ)
+        self.ownership.replace_stale_lock(self.log.warning, replace=training())
+        tell_when_locked(self.ownership.lock_taken)
+        tell_each_submission(self.ownership.job_submitted)
         self.checks.user_models()
         self.checks.results_dir()
         self.checks.kept_data()
@@ -132,13 +138,13 @@ class WorkflowPlan:
         self.software.prepare_job_venvs()
         self.checks.against_cluster()
         self.checks.local_gpus(environ=environ)
-        self.pending_watch = PendingWatch(workdir, self.log.warning,
+        self.pending_watch = PendingWatch(self.ownership.submitted, self.log.warning,
                                           self.config["slurm"]["pending_check_s"],
                                           active=on_slurm).start()
         self.progress_watch = watch_progress(self.results, self.chain, self.log.info,
                                              self.config["progress_s"], training)
-        # however it ends (all done, failed, Ctrl-C), none of its jobs stays in the queue
-        atexit.register(lambda: on_slurm() and leave_no_job_behind(workdir))
+        # however it ends (all done, failed, Ctrl-C), none of its own jobs stays in the queue
+        atexit.register(self.ownership.at_exit)
 
     def announce(self) -> None:
         """Say what the plan submits: pruning, packing, the search, storage (describe.py)."""

@@ -1,7 +1,7 @@
 """The controller died, its jobs live on: never two tries training one run at once.
 
 When the login session running Snakemake is lost, its Slurm jobs keep training. The rerun
-(``snakemake --unlock``, then the same command) submits the unfinished segments again. Each
+(the same command: the dead controller's lock is replaced, controller/ownership.py) submits the unfinished segments again. Each
 new try, before it trains, looks in the run's ``tries.jsonl`` for a try of an earlier run
 of the workflow that never ended and whose Slurm job (or, outside Slurm, process on this
 host) is still alive: it cancels it, waits until it has ended (a cancelled segment
@@ -10,9 +10,11 @@ any retry does. A try that finds a newer run of the workflow's try of the same r
 stale one: it ends at once without training. One log line says which.
 
 Where a run holds tries of an earlier run of the workflow, the try also cancels the jobs
-that run of the workflow queued and that still pend (in this working directory, submitted
-before this run of the workflow started): each would otherwise start, hold its allocation
-(a GPU while its venv builds) and end at once, or train beside this run. No torch."""
+that earlier runs of the workflow recorded submitting (slurm_queue.JobRecord, in the results
+folder) and that still pend: each would otherwise start, hold its allocation (a GPU while its
+venv builds) and end at once, or train beside this run. Only jobs of that record: never a
+job of another results folder, of the user's, or of a second Snakemake in this folder that
+never held its lock (it submitted nothing). No torch."""
 
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ from typing import Callable
 
 from .. import slurm
 from ..jobfacts import job_id
-from ..slurm_queue import earlier_jobs, squeue_pending
+from ..slurm_queue import JobRecord, pending_of, squeue_mine
 from .tries import INVOCATION, read
 
 WAIT_S = 600  # the longest a cancelled try may take to checkpoint and end
@@ -93,11 +95,15 @@ def backoff(first: float, most: float):
         wait = min(most, wait * 2)
 
 
-def cancel_earlier_pending(mine: str, say=print, query=squeue_pending, stop=slurm.cancel,
-                           workdir: str = ".") -> list[str]:
-    """Cancel this workflow's pending jobs submitted before run ``mine`` of the workflow
-    started (an earlier run's, whose controller is gone); their ids."""
-    jobs = [j["job"] for j in earlier_jobs(query(), workdir, started_at(mine))]
+def cancel_earlier_pending(mine: str, results, say=print, query=squeue_mine,
+                           stop=slurm.cancel) -> list[str]:
+    """Cancel the pending jobs that runs of the workflow started before run ``mine`` recorded
+    submitting to ``results`` (an earlier run's, whose controller is gone); their ids."""
+    record = JobRecord(str(results))
+    earlier = {e["invocation"] for e in record.entries()
+               if started_at(e["invocation"]) < started_at(mine)}
+    owned = record.jobs(earlier)
+    jobs = [j["job"] for j in pending_of(query(), owned)] if owned else []
     if jobs:
         stop(*jobs)
         say(f"[takeover] cancelled {len(jobs)} pending Slurm job(s) an earlier run of the "
@@ -150,7 +156,8 @@ def take_over(run_dir, run: str, say=print, reach: Reach = Reach(),
     if me and mine not in PENDING_ASKED and \
             any(e.get("invocation") not in ("", mine) for e in entries):
         PENDING_ASKED.add(mine)  # once: a fused pack's members ask for one job
-        reach.cancel_pending(mine, say)  # a restart: the earlier controller's queue goes too
+        results = Path(run_dir).parent.parent  # results/runs/<run>
+        reach.cancel_pending(mine, results, say)  # a restart: the earlier controller's queue
     for entry in reversed(open_tries(entries)):
         theirs = entry.get("invocation", "")
         if not theirs or theirs == mine or (me and entry.get("job_id") == me):
