@@ -28,6 +28,7 @@ class Reply:
     status: str       # ok | missing | timeout | failed
     stdout: str = ""  # what it printed; empty unless ok
     detail: str = ""  # why not, in one line: for a log
+    stderr: str = ""  # what it printed there, whole (sbatch --test-only answers there)
 
     @property
     def ok(self) -> bool:
@@ -52,8 +53,8 @@ def ask(argv: list[str], timeout_s: float | None = None) -> Reply:
                          detail=f"{argv[0]}: no answer within {timeout_s:g} s")
     if proc.returncode != 0:
         return Reply(tuple(argv), "failed", "", f"{argv[0]}: exit status {proc.returncode}: "
-                     + (err.strip().splitlines() or [""])[-1])
-    return Reply(tuple(argv), "ok", out)
+                     + (err.strip().splitlines() or [""])[-1], err)
+    return Reply(tuple(argv), "ok", out, stderr=err)
 
 
 def fields(text: str) -> dict:
@@ -208,6 +209,13 @@ def records(kind: str) -> list[dict]:
     return [fields(line) for line in reply.stdout.splitlines() if line.strip()]
 
 
+def will_run(flags: list[str]) -> Reply:
+    """``sbatch --test-only``: where and when Slurm would start a batch job of these options
+    (the site's submit plugin, associations, QOS and partition access all run), or why it
+    refuses it; nothing is submitted. Its answer is on stderr either way."""
+    return ask(["sbatch", "--test-only", *flags, "--wrap", "true"])
+
+
 def my_jobs(format: str) -> str | None:
     """This user's queued jobs (every state squeue lists), one line each in squeue's
     ``format``; None where Slurm does not answer."""
@@ -224,12 +232,21 @@ def reservations() -> list[dict]:
 
 @functools.cache
 def submit_limits(user: str) -> list[int]:
-    """MaxSubmitJobs of the user's associations and MaxSubmitPU of the QOSes (sacctmgr,
-    with accounting): every limit that is set."""
-    text = "".join(ask(argv).stdout for argv in (
-        ["sacctmgr", "-n", "-P", "show", "assoc", "where", f"user={user}", "format=MaxSubmit"],
-        ["sacctmgr", "-n", "-P", "show", "qos", "format=MaxSubmitPU"]))
-    return [int(v) for v in text.split() if v.strip().isdigit()]
+    """MaxSubmitJobs of the user's associations and MaxSubmitPU of the QOSes those
+    associations may use (sacctmgr, with accounting): every limit that is set. A QOS the
+    user is not in limits someone else."""
+    assoc = ask(["sacctmgr", "-n", "-P", "show", "assoc", "where", f"user={user}",
+                 "format=MaxSubmit,QOS"]).stdout
+    limits, mine = [], set()
+    for line in assoc.splitlines():
+        most, _, qos = line.partition("|")
+        limits += [int(most)] if most.strip().isdigit() else []
+        mine.update(q.strip() for q in qos.split(",") if q.strip())
+    for line in ask(["sacctmgr", "-n", "-P", "show", "qos", "format=Name,MaxSubmitPU"]).stdout.splitlines():
+        name, _, most = line.partition("|")
+        if name.strip() in mine and most.strip().isdigit():
+            limits.append(int(most))
+    return limits
 
 
 @functools.cache

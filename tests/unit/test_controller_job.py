@@ -4,13 +4,15 @@
 import io
 from pathlib import Path
 
+from cifarflow import slurm
+
 from cifarflow.controller.controller_job import (follow, longest_cpu_time, sbatch_argv,
                                                  snakemake_argv)
 
 # partitions as the plan reads them (partitions.partition_capacity) on an Alliance-shaped site
 def partition(name, minutes, up=True, hidden=False, gpus=0):
     return {"name": name, "max_time_min": minutes, "up": up, "hidden": hidden,
-            "default": False, "gpu_only": bool(gpus), "nodes": [{"gpus": gpus}]}
+            "default": False, "nodes": [{"gpus": gpus}]}
 
 
 PARTITIONS = {p["name"]: p for p in (
@@ -19,12 +21,43 @@ PARTITIONS = {p["name"]: p for p in (
     partition("gpubase_bygpu_b5", 10080, gpus=4))}
 
 
-def test_the_controller_asks_the_longest_time_of_a_partition_it_can_be_routed_to():
-    # not the down one, the hidden one nor a GPU partition
-    assert longest_cpu_time(PARTITIONS) == 1440
-    assert longest_cpu_time(PARTITIONS, named="cpubase_bycore_b1") == 180
+def no_answer(flags):
+    return slurm.Reply(("sbatch",), "missing", detail="sbatch: not found")
+
+
+def routes_cpu_jobs_up_to(limit, longest="cpubase_bycore_b3"):
+    """An Alliance-like site: a 1-core job of at most ``limit`` minutes is taken, in
+    cpubase_bycore_b1 up to 3 h, else in ``longest``."""
+    def ask(flags):
+        minutes = int(next(f for f in flags if f.startswith("--time="))[7:])
+        if minutes > limit:
+            return slurm.Reply(("sbatch",), "failed", stderr="sbatch: error: No partition "
+                               f"takes a cpu job of {minutes} minutes\n")
+        where = "cpubase_bycore_b1" if minutes <= 180 else longest
+        return slurm.Reply(("sbatch",), "ok", stderr=f"sbatch: Job 7 to start at 2026-12-07T13"
+                           f":00:00 using 1 processors on nodes vm in partition {where}\n")
+    return ask
+
+
+def test_the_controller_asks_slurm_the_longest_time_of_a_partition_it_can_be_routed_to():
+    # not the down one, the hidden one nor the GPU one; the longest asked first
+    asked = []
+    site = routes_cpu_jobs_up_to(1440)
+    assert longest_cpu_time(PARTITIONS, ask=lambda f: asked.append(f) or site(f)) == 1440
+    assert [f[-1] for f in asked] == ["--time=1440"]
+    # the site routes no 1-core job of a day: 3 h
+    assert longest_cpu_time(PARTITIONS, ask=routes_cpu_jobs_up_to(180)) == 180
+    # taken for a day, but placed where it never starts (MaxTime 180): not a day
+    assert longest_cpu_time(PARTITIONS, ask=routes_cpu_jobs_up_to(1440, "cpubase_bycore_b1")) \
+        == 180
+    # no answer from sbatch: the partitions as read
+    assert longest_cpu_time(PARTITIONS, ask=no_answer) == 1440
+    assert longest_cpu_time(PARTITIONS, named="cpubase_bycore_b1", ask=no_answer) == 180
     assert longest_cpu_time(PARTITIONS, named="urgent") is None  # unlimited: Slurm's default
     assert longest_cpu_time(None) is None
+    # a site where every node has a GPU: its partitions take CPU jobs too
+    gpu_site = {"gpubase_bygpu_b5": partition("gpubase_bygpu_b5", 10080, gpus=4)}
+    assert longest_cpu_time(gpu_site, ask=no_answer) == 10080
 
 
 def test_the_controller_runs_this_environments_snakemake_with_the_slurm_profile():

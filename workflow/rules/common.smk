@@ -52,6 +52,10 @@ KEEP_ATTEMPT_LOG = attempt_log_sink()  # every try of a segment keeps its own lo
 ROUND_RECORD = round_record(RESULTS, "{study}", "{round}")  # a search round, as asked
 
 
+def get_env_resources():
+    return PLAN.env_resources()
+
+
 def get_previous_segment(wildcards):
     return PLAN.run_rules.previous(wildcards)
 

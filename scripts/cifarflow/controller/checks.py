@@ -14,7 +14,7 @@ from ..data_folders import describe_data
 from ..engine.gpu_monitor import visible_gpus
 from ..engine.strategies.ddp import too_few_gpus
 from . import quota, storage
-from .cluster_checks import check_cluster, check_storage
+from .cluster_checks import ask_slurm_too, check_cluster, check_storage
 from .pack_plan import Pack
 from .placement import Placement
 from .plan import Run, check_user_models
@@ -91,7 +91,7 @@ class PlanChecks:
                              "run stops there, before NCCL starts; under profiles/slurm each "
                              "rank gets a GPU of its own)")
 
-    def against_cluster(self, room_of=quota.room, **readers) -> None:
+    def against_cluster(self, room_of=quota.room, jobs_of=None, ask=None, **readers) -> None:
         """`snakemake -n` says what the plan submits and, where Slurm tells, whether it fits
         (cluster_checks.py; ``readers``: its limits_of, partitions_of, accounts_of) and
         whether results: has room for it; refusals stop a run with --jobs
@@ -104,6 +104,9 @@ class PlanChecks:
         if found.fatal:  # refused whoever submits
             raise self.error(found.fatal[0])
         self.placement.accounts = found.accounts
+        if jobs_of is not None:  # each job's first try, its account settled: asked of Slurm
+            named = self.placement.given.get("slurm_partition", "")
+            found = ask_slurm_too(found, jobs_of(), named, **({"ask": ask} if ask else {}))
         stored = check_storage(self.storage, self.config["segments"]["keep_weights"],
                                self.results, room_of)
         for line in found.lines:

@@ -13,8 +13,9 @@ from .accounts import job_accounts
 from .gpu_limits import gpu_share_warnings, gpu_slice_errors, job_gpus
 from .limits import check_plan, read_limits
 from .packs import job_shapes
-from .partitions import read_partitions
-from .routing import candidates, check_fit, describe_placement
+from .partitions import read_partitions, user_groups
+from .routing import candidates, check_fit, describe_placement, job_error
+from .will_run import ask_slurm
 
 
 @dataclass
@@ -24,6 +25,8 @@ class Findings:
     warnings: list = field(default_factory=list)  # always warnings
     fatal: list = field(default_factory=list)     # refused whoever submits
     accounts: dict | None = None                  # {on GPUs: account}, where sacctmgr told
+    fit_errors: list = field(default_factory=list)  # the plan's reading of the partitions
+    partitions: dict | None = None                # scontrol show partition, read
 
 
 def check_cluster(runs: dict, packs: dict, units: list, placement: dict, env_gpu: bool,
@@ -41,22 +44,44 @@ def check_cluster(runs: dict, packs: dict, units: list, placement: dict, env_gpu
         return found
     named = placement.get("slurm_partition", "")
     partitions = partitions_of()
+    found.partitions = partitions
     found.lines.append(describe_placement(partitions, named))
-    found.errors += check_fit(shapes, named, partitions)
-    if partitions:
-        found.warnings += gpu_share_warnings(shapes, candidates(partitions, named, True)[0])
     given = placement.get("slurm_account", "")
     accounts = accounts_of(slurm.user())
     if accounts is None:
         found.lines.append(f"slurm account: sacctmgr does not answer here (no accounting): "
                            f"slurm.account {given or '(not set)'} goes to sbatch as it is")
+    else:
+        kinds = {job_gpus(shape) > 0 for shape in shapes.values()} | {env_gpu}
+        try:
+            found.accounts, line = job_accounts(given, accounts, kinds)
+            found.lines.append(line)
+        except ValueError as exc:
+            found.errors.append(str(exc))
+    found.fit_errors = check_fit(shapes, named, partitions, found.accounts, user_groups())
+    found.errors += found.fit_errors
+    if partitions:
+        found.warnings += gpu_share_warnings(shapes, candidates(partitions, named, True)[0])
+    return found
+
+
+def ask_slurm_too(found: Findings, jobs: list, named: str, ask=slurm.will_run) -> Findings:
+    """Slurm's own answer for each job (will_run.py) over the plan's reading of the
+    partitions: where Slurm answered for every job, its refusals replace the plan's fit
+    errors, and a disagreement is a warning that says so."""
+    if found.partitions is None:
         return found
-    kinds = {job_gpus(shape) > 0 for shape in shapes.values()} | {env_gpu}
-    try:
-        found.accounts, line = job_accounts(given, accounts, kinds)
-        found.lines.append(line)
-    except ValueError as exc:
-        found.errors.append(str(exc))
+    model = {label: job_error(label, shape, named, found.partitions, found.accounts,
+                              user_groups()) for label, _, _, shape in jobs}
+    verdict = ask_slurm(jobs, found.partitions, model, ask)
+    found.lines += verdict.lines
+    if verdict.answered:
+        found.errors = [e for e in found.errors if e not in found.fit_errors] + verdict.errors
+        found.warnings += verdict.notes
+    else:
+        found.lines.append("sbatch --test-only did not answer for every job: the plan's "
+                           "reading of the partitions decides")
+        found.errors += [e for e in verdict.errors if e not in found.errors]
     return found
 
 

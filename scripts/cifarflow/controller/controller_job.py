@@ -26,15 +26,33 @@ FINISHED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NOD
             "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
 
 
-def longest_cpu_time(partitions: dict[str, dict] | None, named: str = "") -> int | None:
-    """The longest MaxTime (minutes) of the partitions a 1-core job can go to, as the plan
-    sees them (routing.candidates); None where one has none or Slurm does not say."""
+def longest_cpu_time(partitions: dict[str, dict] | None, named: str = "", account: str = "",
+                     mem_mb: int = DEFAULT_MEM_MB, ask=slurm.will_run) -> int | None:
+    """The longest MaxTime (minutes) a 1-core job of this account is taken for: each
+    partition's MaxTime it may be routed to, longest first, asked of Slurm (sbatch
+    --test-only: the site's routing decides, and a MaxTime Slurm would take but never start
+    does not count); where Slurm does not answer, the longest of them. None where one has no
+    limit or Slurm does not say."""
+    from .will_run import read_answer
+
     if not partitions:
         return None
-    places, _ = candidates(partitions, named, gpu=False)
+    places, _ = candidates(partitions, named, gpu=False, account=account or None)
     times = [p["max_time_min"] for p in places]
     if not times or None in times:  # unlimited: the partition's default time is the job's
         return None
+    for minutes in sorted(set(times), reverse=True):
+        flags = ["--ntasks=1", "--cpus-per-task=1", f"--mem={mem_mb}", f"--time={int(minutes)}"]
+        flags += [f"--account={account}"] if account else []
+        flags += [f"--partition={named}"] if named else []
+        answer = read_answer(ask(flags))
+        if not answer.asked:
+            break  # no answer: the partitions as read decide
+        there = partitions.get(answer.partition, {}).get("max_time_min")
+        if not answer.reason and (there is None or there >= minutes):
+            return int(minutes)
+    else:
+        return None  # Slurm takes a 1-core job for none of them: its default time
     return int(max(times))
 
 
@@ -86,7 +104,8 @@ def submit(args: list[str], *, account: str, time_limit: str | int | None, mem_m
     """Submit the controller job; follow it where asked. The exit status: 0 when the
     workflow ended well (or was only submitted), 1 when its job did not."""
     if time_limit is None:
-        time_limit = longest_cpu_time(read_partitions(), os.environ.get("SLURM_PARTITION", ""))
+        time_limit = longest_cpu_time(read_partitions(), os.environ.get("SLURM_PARTITION", ""),
+                                      account, mem_mb)
     stamp = time.strftime("%Y%m%dT%H%M%S")
     log = (workdir / LOG_DIR / f"controller-{stamp}.log").resolve()
     log.parent.mkdir(parents=True, exist_ok=True)

@@ -108,11 +108,16 @@ PACK_KINDS = {"steps": StepPack(), "mps": MpsPack()}
 def job_shapes(runs: dict[str, Run], packs: dict[str, Pack]) -> dict[str, dict]:
     """The request of every segment job of the plan (a pack's first segment, with all its
     members), as routing.check_fit reads it."""
-    shapes, packed = {}, set()
+    return {label: shape for label, _, shape in job_units(runs, packs)}
+
+
+def job_units(runs: dict[str, Run], packs: dict[str, Pack]):
+    """(label, ("pack" or "run", its name), shape) of every segment job of the plan."""
+    packed = set()
     for pack in packs.values():
-        label, shapes_of_pack = PACK_KINDS[pack.kind].shape(pack, runs)
-        shapes[label] = shapes_of_pack
+        label, shape = PACK_KINDS[pack.kind].shape(pack, runs)
         packed.update(pack.members)
+        yield label, ("pack", pack.name), shape
     for name, run in runs.items():
         if name in packed:
             continue
@@ -124,5 +129,4 @@ def job_shapes(runs: dict[str, Run], packs: dict[str, Pack]) -> dict[str, dict]:
                  "gpu_model": gres_model(res), "runtime": int(res["runtime"])}
         if nodes:
             shape.update(nodes=int(nodes), tasks_per_node=tasks // int(nodes))
-        shapes[f"run {name}"] = shape
-    return shapes
+        yield f"run {name}", ("run", name), shape

@@ -5,6 +5,7 @@ against them. No torch here."""
 
 from __future__ import annotations
 
+import os
 import re
 
 from .. import slurm
@@ -15,6 +16,37 @@ GPU_GRES = re.compile(r"gpu(?::([^:,(]+))?:(\d+)")
 
 def _number(text, default=None):
     return int(text) if str(text).isdigit() else default
+
+
+def _listed(text, everyone=None):
+    """A partition's AllowAccounts-like list: None where it is everyone (ALL, or unset),
+    else the names."""
+    if not text or text == "ALL" or text == "(null)":
+        return everyone
+    return set(text.split(","))
+
+
+def may_use(partition: dict, account: str | None, groups: set[str] | None = None) -> bool:
+    """Whether the user may submit to the partition (AllowAccounts, DenyAccounts,
+    AllowGroups) with this account; an unknown account or group list: assumed yes."""
+    allowed, denied = partition.get("allow_accounts"), partition.get("deny_accounts") or set()
+    if account and (allowed is not None and account not in allowed or account in denied):
+        return False
+    groups_allowed = partition.get("allow_groups")
+    return groups is None or groups_allowed is None or bool(groups & groups_allowed)
+
+
+def user_groups() -> set[str]:
+    """The names of this user's groups (a partition's AllowGroups)."""
+    import grp
+
+    names = set()
+    for gid in os.getgroups():
+        try:
+            names.add(grp.getgrgid(gid).gr_name)
+        except KeyError:
+            continue
+    return names
 
 
 def gpu_types(gres: str) -> dict[str, int]:
@@ -66,7 +98,10 @@ def partition_capacity(partition: dict, nodes: list[dict]) -> dict:
             "up": partition.get("State", "UP") == "UP",
             "hidden": partition.get("Hidden") == "YES",
             "default": partition.get("Default") == "YES",
-            "gpu_only": bool(members) and all(n["gpus"] for n in members)}
+            "allow_accounts": _listed(partition.get("AllowAccounts")),
+            "deny_accounts": _listed(partition.get("DenyAccounts"), everyone=set()),
+            "allow_groups": _listed(partition.get("AllowGroups")),
+            "allow_qos": _listed(partition.get("AllowQos"))}
 
 
 def read_partitions(records=slurm.records) -> dict[str, dict] | None:

@@ -4,10 +4,15 @@ from packs.job_shapes, with its runtime) against the partitions Slurm describes
 
 - slurm.partition named: that partition;
 - else a partition marked Default=YES: that one (what Slurm gives a job naming none);
-- else the site routes each job (Alliance's submit plugin, by time limit and GPUs): every
-  partition that is UP and not hidden, GPU-only partitions (every node has GPUs) for GPU
-  jobs only. A job is accepted when one of them fits it (node fit, GPUs of its type,
-  MaxTime); refused, naming their limits, when none does. No torch here.
+- else (or slurm.partition "default", which Alliance documents for "route it") the site
+  routes each job (Alliance's submit plugin, by time limit and GPUs): every partition that
+  is UP, not hidden and open to the job's account and the user's groups (AllowAccounts,
+  DenyAccounts, AllowGroups); for a CPU job those with a node without GPUs, or all of them
+  on a site where every node has a GPU. A job is accepted when one of them fits it (node fit, GPUs of
+  its type, MaxTime); refused, naming their limits, when none does.
+
+This is the plan's own reading of the partitions: Slurm itself is asked too (will_run.py,
+sbatch --test-only), and where it answers, its answer wins. No torch here.
 """
 
 from __future__ import annotations
@@ -15,19 +20,35 @@ from __future__ import annotations
 import math
 
 from .gpu_limits import job_gpus
-from .partitions import describe_partition, describe_shape, describe_time, most_tasks
+from .partitions import (describe_partition, describe_shape, describe_time, may_use,
+                         most_tasks)
 
 
-def candidates(partitions: dict[str, dict], named: str, gpu: bool) -> tuple[list[dict], str]:
-    """(the partitions a CPU or GPU job may run in, how to name them)."""
-    if named:
+ROUTE_IT = "default"  # slurm.partition: default, where no partition has that name
+
+
+def routed(named: str, partitions: dict) -> bool:
+    """No partition named: the site's routing (or its default partition) places each job."""
+    return not named or named == ROUTE_IT and named not in partitions
+
+
+def candidates(partitions: dict[str, dict], named: str, gpu: bool, account: str | None = None,
+               groups: set[str] | None = None) -> tuple[list[dict], str]:
+    """(the partitions a CPU or GPU job of this account may run in, how to name them)."""
+    if not routed(named, partitions):
         return [partitions[named]] if named in partitions else [], f"partition {named}"
     default = [p for p in partitions.values() if p["default"]]
     if default:
         return default[:1], f"the default partition {default[0]['name']}"
-    routed = [p for p in partitions.values()
-              if p["up"] and not p["hidden"] and (gpu or not p["gpu_only"])]
-    return routed, f"every partition a {'GPU' if gpu else 'CPU'} job can be routed to"
+    places = [p for p in partitions.values()
+              if p["up"] and not p["hidden"] and may_use(p, account, groups)]
+    if not gpu:  # CPU partitions, where the site has any; else (every node has a GPU) all
+        places = [p for p in places if any(not n["gpus"] for n in p["nodes"])] or places
+    return places, f"every partition a {'GPU' if gpu else 'CPU'} job can be routed to"
+
+
+def describe_list(names: set[str] | None) -> str:
+    return "ALL" if names is None else ",".join(sorted(names))
 
 
 def describe_placement(partitions: dict[str, dict] | None, named: str) -> str:
@@ -36,21 +57,22 @@ def describe_placement(partitions: dict[str, dict] | None, named: str) -> str:
         return "partitions: no answer from Slurm here (scontrol show partition)"
     cpu, how = candidates(partitions, named, False)
     gpu, _ = candidates(partitions, named, True)
-    if named or len(cpu) == 1 and cpu == gpu and cpu[0]["default"]:
+    if not routed(named, partitions) or len(cpu) == 1 and cpu == gpu and cpu[0]["default"]:
         return f"partitions: every job to {how}" + (f" ({describe_time(cpu[0])})" if cpu else "")
     return ("partitions: routed by the site (no slurm.partition, no default partition): CPU "
             f"jobs to one of {', '.join(map(describe_time, cpu)) or 'none'}; GPU jobs to one "
             f"of {', '.join(describe_time(p) for p in gpu if any(n['gpus'] for n in p['nodes'])) or 'none'}")
 
 
-def check_fit(shapes: dict[str, dict], named: str, partitions: dict | None) -> list[str]:
+def check_fit(shapes: dict[str, dict], named: str, partitions: dict | None,
+              accounts: dict | None = None, groups: set[str] | None = None) -> list[str]:
     """One error per kind of job that can never start where it may run, with the way out.
     `shapes` maps a job (a run or a pack) to its request: tasks, cpus_per_task, runtime,
     and where set nodes, tasks_per_node, mem_per_cpu, mem_mb_per_node, gpus_per_node,
     gpus_per_task, gpu_model, pack (members per job)."""
     if not partitions:
         return []
-    if named and named not in partitions:
+    if not routed(named, partitions) and named not in partitions:
         shown = ", ".join(n for n, p in partitions.items() if not p["hidden"])
         return [f"slurm.partition {named} is not a partition of this cluster ({shown}): unset "
                 "slurm.partition (and $SLURM_PARTITION) so the site places each job, or name "
@@ -62,19 +84,28 @@ def check_fit(shapes: dict[str, dict], named: str, partitions: dict | None) -> l
         job, shape = jobs[0], shapes[jobs[0]]
         if len(jobs) > 1:
             job += f" (and {len(jobs) - 1} more alike)"
-        error = job_error(job, shape, named, partitions)
+        error = job_error(job, shape, named, partitions, accounts, groups)
         if error and error not in errors:
             errors.append(error)
     return errors
 
 
-def job_error(job: str, shape: dict, named: str, partitions: dict) -> str | None:
-    """Why this job can run in none of its partitions; None where one fits it."""
+def job_error(job: str, shape: dict, named: str, partitions: dict, accounts: dict | None = None,
+              groups: set[str] | None = None) -> str | None:
+    """Why this job can run in none of its partitions; None where one fits it. ``accounts``:
+    {on GPUs: the account its jobs go to}, where settled."""
     gpu = job_gpus(shape) > 0
-    places, label = candidates(partitions, named, gpu)
+    account = (accounts or {}).get(gpu)
+    places, label = candidates(partitions, named, gpu, account, groups)
+    if places and not routed(named, partitions) and not may_use(places[0], account, groups):
+        return (f"partition {named} does not take jobs of account {account} or your groups "
+                f"(AllowAccounts {describe_list(places[0]['allow_accounts'])}, AllowGroups "
+                f"{describe_list(places[0]['allow_groups'])}): unset slurm.partition so the "
+                "site places each job, or name a partition open to you")
     if not places:
         return (f"{job} has no partition to run in: {label} is none (every partition is "
-                "down or hidden; scontrol show partition)")
+                "down, hidden or closed to your account"
+                + (f" {account}" if account else "") + "; scontrol show partition)")
     model = shape.get("gpu_model") or ""
     types = sorted({t for p in places for n in p["nodes"] for t in n["gpu_types"] if t})
     if gpu and model and model not in types:

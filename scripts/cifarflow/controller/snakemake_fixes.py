@@ -125,3 +125,22 @@ def tell_each_submission(on_submitted) -> None:
 
     report_job_submission.cifarflow_fix = True
     plugin.Executor.report_job_submission = report_job_submission
+
+
+def let_the_site_route() -> None:
+    """The Slurm plugin (2.8) passes ``-p <the default partition>`` (sinfo's ``*``) to every
+    job that names none, which bypasses a site's routing (Alliance's submit plugin places a
+    job that names no partition by its time and GPUs; the default partition may not hold it
+    at all). A job that names no partition is submitted without one: Slurm gives it the
+    default partition by itself where the site does not route."""
+    import snakemake_executor_plugin_slurm as plugin
+
+    original = patched(plugin, "get_default_partition", "snakemake-executor-plugin-slurm")
+    if getattr(original, "cifarflow_fix", False):
+        return
+
+    def get_default_partition(job, logger):
+        return ""
+
+    get_default_partition.cifarflow_fix = True
+    plugin.get_default_partition = get_default_partition

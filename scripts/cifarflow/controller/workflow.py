@@ -35,6 +35,7 @@ from .describe import plan_lines
 from .outputs import Outputs
 from .ownership import Ownership
 from .pack_plan import Pack, plan_packs
+from .packs import job_units
 from .pack_rules import PackRules
 from .pending import PendingWatch
 from .placement import Placement
@@ -45,6 +46,7 @@ from .rules import Requests, RunRules
 from .search import Search
 from .software import JobSoftware, fetch_args
 from .specs import write_specs
+from .will_run import first_try
 
 
 def name_pattern(strategies) -> str:
@@ -119,12 +121,13 @@ class WorkflowPlan:
         invocation = environ[INVOCATION] = f"{time.time():.0f}.{os.getpid()}"
         self.main_process = True  # a later search round's specs are written here too
         from .snakemake_fixes import (ask_the_scheduler_once, keep_restarted_jobs_ready,
-                                      start_jobs_quietly, tell_each_submission,
-                                      tell_when_locked)
+                                      let_the_site_route, start_jobs_quietly,
+                                      tell_each_submission, tell_when_locked)
 
         keep_restarted_jobs_ready()  # retried segments are not lost when a checkpoint finishes
         ask_the_scheduler_once()  # the plugin's constant questions, once
         start_jobs_quietly()  # and none from each job's Snakemake as it starts
+        let_the_site_route()  # no -p <default partition> where the user named none
         self.ownership = Ownership(self.results, invocation, workdir, environ)
         self.ownership.replace_stale_lock(self.log.warning, replace=training())
         tell_when_locked(self.ownership.lock_taken)
@@ -136,7 +139,7 @@ class WorkflowPlan:
         self.announce()
         self.software.check_strategy_packages()
         self.software.prepare_job_venvs()
-        self.checks.against_cluster()
+        self.checks.against_cluster(jobs_of=self.first_jobs)
         self.checks.local_gpus(environ=environ)
         self.pending_watch = PendingWatch(self.ownership.submitted, self.log.warning,
                                           self.config["slurm"]["pending_check_s"],
@@ -145,6 +148,30 @@ class WorkflowPlan:
                                              self.config["progress_s"], training)
         # however it ends (all done, failed, Ctrl-C), none of its own jobs stays in the queue
         atexit.register(self.ownership.at_exit)
+
+    def env_resources(self) -> dict:
+        """The environment record's job: like the training's (a GPU of its kind where runs
+        train on cuda), short."""
+        gpu = self.software.env_gpu
+        return {**gpu, **self.placement.for_job(bool(gpu)), "runtime": 10, "mem_mb": 2000}
+
+    def first_jobs(self) -> list[tuple[str, dict, int, dict]]:
+        """Every kind of job the plan submits, as its first try asks it: (label, the rule's
+        resources resolved, threads, its shape for routing); what will_run asks Slurm."""
+        jobs = [("record_environment", self.env_resources(), 1,
+                 {"tasks": 1, "cpus_per_task": 1, "mem_mb_per_node": 2000, "runtime": 10,
+                  "gpus_per_node": int(bool(self.software.env_gpu))})]
+        for label, (kind, name), shape in job_units(self.runs, self.packs):
+            if kind == "pack":
+                rules, strategy = self.pack_rules, self.packs[name].strategy
+                wildcards = {"pack": name, "segment": "1"}
+            else:
+                rules, strategy = self.run_rules, self.runs[name].strategy
+                wildcards = {"run": name, "segment": "1"}
+            resources = {key: first_try(value, wildcards)
+                         for key, value in rules.resources(strategy).items()}
+            jobs.append((label, resources, first_try(rules.threads(strategy), wildcards), shape))
+        return jobs
 
     def announce(self) -> None:
         """Say what the plan submits: pruning, packing, the search, storage (describe.py)."""
