@@ -600,3 +600,68 @@ def test_ranks_with_a_gpu_each_are_bound_to_it_and_shared_gpus_are_not(tmp_path,
     assert "--gpus-per-task 1" in prefix("gpu")
     assert "--gpus-per-task" not in prefix("mps", **cuda)  # the replicas share one GPU
     assert "--gpus-per-task" not in prefix("ddp") and "--gpus-per-task" not in prefix("cpu")
+
+
+GPU_PARTITIONS = ("PartitionName=gpu Default=NO Hidden=NO State=UP MaxTime=1-00:00:00 "
+                  "Nodes=g[1-2]\n"
+                  "PartitionName=cpu Default=NO Hidden=NO State=UP MaxTime=1-00:00:00 Nodes=c1")
+GPU_NODES = ("NodeName=g1 CPUTot=32 RealMemory=200000 Gres=gpu:h100:4(S:0-1)\n"
+             "NodeName=g2 CPUTot=32 RealMemory=200000 Gres=gpu:h100:4(S:0-1)\n"
+             "NodeName=c1 CPUTot=32 RealMemory=200000 Gres=(null)")
+
+
+def gpu_cluster(nodes=GPU_NODES):
+    return lambda kind: [fields(line) for line in
+                         (GPU_PARTITIONS if kind == "partition" else nodes).splitlines()]
+
+
+def test_unpacked_gpu_jobs_get_the_account_sacctmgr_settled(tmp_path, bin_dir):
+    """No slurm.account, the site's def-x_cpu / def-x_gpu: a plan of GPU runs only settles
+    its account on the GPU side alone; its training jobs and its environment record go there
+    (they went without -A: the plugin guessed one, once def-x_cpu)."""
+    plan = make_plan(tmp_path, bin_dir, jobs_at_once=2, strategies=["gpu"],
+                     sweep={"lr": [0.1, 0.2]})
+    plan.checks.against_cluster(lambda results: ROOM, limits_of=lambda: LIMITS,
+                                partitions_of=lambda: read_partitions(gpu_cluster()),
+                                accounts_of=lambda user: ["def-x_cpu", "def-x_gpu"])
+    res = plan.run_rules.resources("gpu")
+    assert res["slurm_account"] == "def-x_gpu"
+    assert plan.placement.for_job(bool(plan.software.env_gpu))["slurm_account"] == "def-x_gpu"
+
+
+def test_results_expands_the_variables_the_docs_write_or_names_the_unset_one(tmp_path, bin_dir):
+    """results: /project/def-yourpi/$USER/cifar, as docs/slurm.md writes it, is the user's
+    folder (a folder literally named $USER was made); ${VAR} and ~ too; a variable that is not
+    set is refused, naming it."""
+    env = {"USER": "ana", "SCRATCH": str(tmp_path / "scratch"), "HOME": str(tmp_path / "home")}
+    plan = make_plan(tmp_path, bin_dir, environ=env, results="/project/def-yourpi/$USER/cifar")
+    assert plan.results == "/project/def-yourpi/ana/cifar"
+    assert plan.run_rules.order("cpu", 1).out.startswith("/project/def-yourpi/ana/cifar/")
+    assert make_plan(tmp_path, bin_dir, environ=env,
+                     results="${SCRATCH}/sweep").results == f"{tmp_path}/scratch/sweep"
+    assert make_plan(tmp_path, bin_dir, environ=env, results="~/r").results == \
+        f"{tmp_path}/home/r"
+    with pytest.raises(PlanError, match=r"results: /project/\$PI/x names \$PI, which is not "
+                                        r"set here"):
+        make_plan(tmp_path, bin_dir, environ=env, results="/project/$PI/x")
+
+
+def test_a_slurm_run_on_synthetic_data_is_warned_about_at_dry_run(tmp_path, bin_dir):
+    """The default data.source synthetic under profiles/slurm (--jobs) or controller-job (in
+    a Slurm job): a WARNING naming data.source download and the data step; none for a local
+    run (the demo) or with real data."""
+    slurm = make_plan(tmp_path, bin_dir, jobs_at_once=4)
+    slurm.checks.kept_data(environ={})
+    assert len(slurm.log.warnings) == 1
+    assert slurm.log.warnings[0].startswith("WARNING: data.source synthetic: every run trains "
+                                            "on generated images")
+    assert "data.source: download" in slurm.log.warnings[0]
+    assert "snakemake --profile profiles/slurm extract_dataset" in slurm.log.warnings[0]
+    in_job = make_plan(tmp_path, bin_dir)
+    in_job.checks.kept_data(environ={"SLURM_JOB_ID": "7"})
+    assert len(in_job.log.warnings) == 1
+    local = make_plan(tmp_path, bin_dir)
+    local.checks.kept_data(environ={})
+    real = make_plan(tmp_path, bin_dir, jobs_at_once=4, data={"source": "download"})
+    real.checks.kept_data(environ={})
+    assert local.log.warnings == real.log.warnings == []

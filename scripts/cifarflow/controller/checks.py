@@ -55,10 +55,20 @@ class PlanChecks:
                              "results: in config/config.yaml (or --config results=DIR) to a "
                              "folder you can write, e.g. /scratch/$USER/<sweep> on a cluster")
 
-    def kept_data(self) -> None:
+    def kept_data(self, environ=os.environ) -> None:
         """Which data folders results/data holds, and which one the plan trains on: each data
-        id has its own (data_folders.py), so no data.source replaces another's data."""
-        self.log.info(describe_data(self.results, self.data_id, self.config["data"]["source"]))
+        id has its own (data_folders.py), so no data.source replaces another's data. A run
+        for Slurm (--jobs: profiles/slurm, or inside a job: controller-job) on the synthetic
+        demo data is warned about: the first day's block once never fetched the real set."""
+        source = self.config["data"]["source"]
+        self.log.info(describe_data(self.results, self.data_id, source))
+        if source == "synthetic" and (self.jobs_at_once or environ.get("SLURM_JOB_ID")):
+            self.log.warning(
+                "WARNING: data.source synthetic: every run trains on generated images "
+                f"({self.data_id}), not CIFAR-10, so its accuracy says nothing of the model; "
+                "for the real data set data.source: download in config/config.yaml and "
+                "fetch it on the login node first: snakemake --profile profiles/slurm "
+                "extract_dataset (docs/slurm.md)")
 
     @functools.cached_property
     def storage(self) -> storage.Estimate:

@@ -116,9 +116,11 @@ class RunRules:
         res = {key: self.per_run(strategy, lambda run, key=key: run.resources[key])
                for key in keys}
         res.update(mem_mb=self.request("mem_mb"), runtime=self.request("runtime"))
-        for key in self.placement.for_job(False):  # the account by whether the run asks GPUs
+        # the account by whether the run asks GPUs: a key of either kind's placement (a
+        # plan of GPU jobs only has its account on the GPU side alone)
+        for key in {**self.placement.for_job(False), **self.placement.for_job(True)}:
             res[key] = self.per_run(strategy, lambda run, key=key: self.placement.for_job(
-                run.strategy_class.gpus_per_node(run.config) > 0)[key])
+                run.strategy_class.gpus_per_node(run.config) > 0).get(key, ""))
         res["mpi"] = self.per_run(strategy,
                                   lambda run: "srun" if run.config.world_size > 1 else "")
         return res

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from ..config import data_identity
+from ..config import data_identity, with_paths_expanded
 from ..data import BATCHES_DIR
 from ..data_folders import data_folder
 from ..job.tries import INVOCATION
@@ -100,6 +100,7 @@ class WorkflowPlan:
         """The plan of a schema-complete config; a config it cannot plan raises ``error``."""
         error = kw.get("error", PlanError)
         try:
+            config = with_paths_expanded(config, kw.get("environ", os.environ))
             config = settle_keep_weights(config)  # the rounds of a search plan from it too
             runs = build_runs(config)
             packs = plan_packs(runs, config["pack"])
@@ -131,7 +132,7 @@ class WorkflowPlan:
         tell_each_submission(self.ownership.job_submitted)
         self.checks.user_models()
         self.checks.results_dir()
-        self.checks.kept_data()
+        self.checks.kept_data(environ)
         write_specs(self.runs.values(), self.results, self.log)
         self.announce()
         self.software.check_strategy_packages()
