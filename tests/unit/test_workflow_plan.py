@@ -431,7 +431,7 @@ def test_a_fused_pack_is_one_task_with_the_members_memory_and_one_gpu(tmp_path, 
     w = wildcards(pack="gpu-pack001", segment=1)
     res = plan.pack_rules.resources("gpu")
     assert (res["tasks"](w), res["cpus_per_task"](w), res["mem_mb_per_cpu"](w, None, 1),
-            res["gres"](w), res["mpi"](w)) == (1, 2, 750, "gpu:1", "")
+            res["slurm_extra"](w), res["mpi"](w)) == (1, 2, 750, "--gpus-per-node=1", "")
     assert plan.pack_rules.threads("gpu")(w) == 2
     parsed = parser().parse_args(["train-pack", *plan.pack_rules.args("gpu")(w).split(), "--threads",
                                   "2", "--budget-min", "30", "--mem-per-cpu", "1500",
@@ -665,3 +665,42 @@ def test_a_slurm_run_on_synthetic_data_is_warned_about_at_dry_run(tmp_path, bin_
     real = make_plan(tmp_path, bin_dir, jobs_at_once=4, data={"source": "download"})
     real.checks.kept_data(environ={})
     assert local.log.warnings == real.log.warnings == []
+
+
+def checked(plan, nodes=GPU_NODES):
+    plan.checks.against_cluster(lambda results: ROOM, limits_of=lambda: LIMITS,
+                                partitions_of=lambda: read_partitions(gpu_cluster(nodes)),
+                                accounts_of=lambda user: None)
+    return plan
+
+
+def test_gpu_requests_are_typed_with_the_nodes_type_unless_gpu_model_is_any(tmp_path, bin_dir):
+    """resources.gpu_model unset: every GPU job (a run's, a pack's, the environment record's)
+    asks for the type the nodes have, as Alliance documents it (--gpus-per-node=h100:1, no
+    --gres), and -n says so; `any` asks untyped; of several types the whole-GPU type with the
+    most GPUs is chosen and named; a named type the nodes lack is still refused."""
+    plan = checked(make_plan(tmp_path, bin_dir, jobs_at_once=2, strategies=["gpu"]))
+    res = plan.run_rules.resources("gpu")
+    assert res["slurm_extra"] == "--gpus-per-node=h100:1" and "gres" not in res
+    assert plan.placement.job(plan.software.env_gpu)["slurm_extra"] == "--gpus-per-node=h100:1"
+    assert ("GPU type: h100 (the type of the GPU nodes: h100:8): GPU jobs ask "
+            "--gpus-per-node=h100:<n>; resources.gpu_model names another type, any asks for "
+            "any") in plan.log.infos
+    packed = checked(make_plan(tmp_path, bin_dir, jobs_at_once=2, strategies=["gpu"],
+                               sweep={"lr": [0.1, 0.2]}, pack={"runs_per_job": 2}))
+    w = wildcards(pack="gpu-pack001", segment=1)
+    assert packed.pack_rules.resources("gpu")["slurm_extra"](w) == "--gpus-per-node=h100:2"
+    untyped = checked(make_plan(tmp_path, bin_dir, jobs_at_once=2, strategies=["gpu"],
+                                resources={"gpu_model": "any"}))
+    assert untyped.run_rules.resources("gpu")["slurm_extra"] == "--gpus-per-node=1"
+    mixed = GPU_NODES.replace("g2 CPUTot=32 RealMemory=200000 Gres=gpu:h100:4(S:0-1)",
+                              "g2 CPUTot=32 RealMemory=200000 Gres=gpu:a100:2,"
+                              "gpu:a100_1g.5gb:14")
+    chosen = checked(make_plan(tmp_path, bin_dir, jobs_at_once=2, strategies=["gpu"]), mixed)
+    assert chosen.run_rules.resources("gpu")["slurm_extra"] == "--gpus-per-node=h100:1"
+    assert any(line.startswith("GPU type: h100 (of several, the whole-GPU type with the most "
+                               "GPUs where GPU jobs go: a100_1g.5gb:14, h100:4, a100:2)")
+               for line in chosen.log.infos)
+    with pytest.raises(PlanError, match="resources.gpu_model v100 is on no node"):
+        checked(make_plan(tmp_path, bin_dir, jobs_at_once=2, strategies=["gpu"],
+                          resources={"gpu_model": "v100"}))

@@ -8,8 +8,7 @@ rule record_environment:
     log:
         f"{RESULTS}/logs/record_environment.log",
     resources:
-        **PLAN.software.env_gpu,
-        **PLAN.placement.for_job(bool(PLAN.software.env_gpu)),
+        **PLAN.placement.job(PLAN.software.env_gpu),
         runtime=10,
         mem_mb=2000,
     params:

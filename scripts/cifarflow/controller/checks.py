@@ -105,15 +105,17 @@ class PlanChecks:
         """`snakemake -n` says what the plan submits and, where Slurm tells, whether it fits
         (cluster_checks.py; ``readers``: its limits_of, partitions_of, accounts_of) and
         whether results: has room for it; refusals stop a run with --jobs
-        (profiles/slurm), else they are warnings. Each job's account is settled here."""
+        (profiles/slurm), else they are warnings. Each job's account and the GPU type of
+        a request that names none are settled here."""
         packed = {member for pack in self.packs.values() for member in pack.members}
         units = [p.members for p in self.packs.values()]
         units += [[name] for name in self.runs if name not in packed]
         found = check_cluster(self.runs, self.packs, units, self.placement.given,
-                              self.env_gpu, self.jobs_at_once, **readers)
+                              self.env_gpu, self.jobs_at_once,
+                              gpu_model=self.placement.gpu_model, **readers)
         if found.fatal:  # refused whoever submits
             raise self.error(found.fatal[0])
-        self.placement.accounts = found.accounts
+        self.placement.accounts, self.placement.gpu_type = found.accounts, found.gpu_type
         stored = check_storage(self.storage, self.config["segments"]["keep_weights"],
                                self.results, room_of)
         for line in found.lines:

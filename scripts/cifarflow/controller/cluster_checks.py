@@ -11,6 +11,7 @@ from .. import slurm
 from . import quota
 from .accounts import job_accounts
 from .gpu_limits import gpu_share_warnings, gpu_slice_errors, job_gpus
+from .gpu_types import settle_gpu_type, typed_shapes
 from .limits import check_plan, read_limits
 from .packs import job_shapes
 from .partitions import read_partitions
@@ -24,11 +25,13 @@ class Findings:
     warnings: list = field(default_factory=list)  # always warnings
     fatal: list = field(default_factory=list)     # refused whoever submits
     accounts: dict | None = None                  # {on GPUs: account}, where sacctmgr told
+    gpu_type: str = ""                            # the nodes' GPU type (gpu_types.py)
 
 
 def check_cluster(runs: dict, packs: dict, units: list, placement: dict, env_gpu: bool,
                   jobs_at_once: int | None, *, limits_of=read_limits,
-                  partitions_of=read_partitions, accounts_of=slurm.user_accounts) -> Findings:
+                  partitions_of=read_partitions, accounts_of=slurm.user_accounts,
+                  gpu_model: str = "") -> Findings:
     """What Slurm says of the plan: its counts, each job's partitions and account."""
     found = Findings()
     segments = [len(runs[members[0]].segment_epochs) for members in units]
@@ -42,6 +45,10 @@ def check_cluster(runs: dict, packs: dict, units: list, placement: dict, env_gpu
     named = placement.get("slurm_partition", "")
     partitions = partitions_of()
     found.lines.append(describe_placement(partitions, named))
+    if env_gpu or any(job_gpus(shape) for shape in shapes.values()):
+        found.gpu_type, line = settle_gpu_type(partitions, named, gpu_model)
+        found.lines += [line] if line else []
+        shapes = typed_shapes(shapes, found.gpu_type)
     found.errors += check_fit(shapes, named, partitions)
     if partitions:
         found.warnings += gpu_share_warnings(shapes, candidates(partitions, named, True)[0])

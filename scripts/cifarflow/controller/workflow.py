@@ -79,7 +79,7 @@ class WorkflowPlan:
         self.unpacked = [s for s in config["strategies"] if s not in self.packed]
         self.software = JobSoftware(config, basedir, runs, jobs_at_once=jobs_at_once,
                                     error=error, log=log, scripts_dir=scripts_dir)
-        self.placement = Placement(config["slurm"], environ)
+        self.placement = Placement(config["slurm"], environ, config["resources"]["gpu_model"])
         search = Search.from_sweep(config["sweep"], sweep_item_schemas())
         self.rounds = SearchRounds(search, config, runs, checkpoints, self.add_round, log, error)
         self.outputs = Outputs(config, runs, packs, checkpoints, pending=pending,
