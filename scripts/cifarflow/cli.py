@@ -201,8 +201,9 @@ def parser() -> argparse.ArgumentParser:
     c = sub.add_parser("controller-job", help="run the workflow's Snakemake as a 1-core Slurm "
                        "job (not on the login node) and follow its log: controller-job "
                        "[options] -- SNAKEMAKE_ARGS")
-    c.add_argument("--account", default="", help="who pays (default $SLURM_ACCOUNT; def-x "
-                   "becomes def-x_cpu where the site splits accounts)")
+    c.add_argument("--account", default="", help="who pays (default slurm.account of the "
+                   "config, --configfile among SNAKEMAKE_ARGS else config/config.yaml, else "
+                   "$SLURM_ACCOUNT; def-x becomes def-x_cpu where the site splits accounts)")
     c.add_argument("--time", default=None, help="its time limit (default: the longest "
                    "partition a 1-core job can be routed to)")
     c.add_argument("--mem-mb", type=int, default=4000, help="its memory (MB)")

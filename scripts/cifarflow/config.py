@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import re
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
@@ -58,6 +60,29 @@ def budget_for(train_s: float, margin_s: float) -> float:
 def with_defaults(config: dict) -> dict:
     """A user config completed from the schema, as snakemake's ``validate`` does."""
     return fill_defaults(config, schema())
+
+
+# $NAME or ${NAME}, as a shell writes a variable (and os.path.expandvars reads it)
+VARIABLE = re.compile(r"\$(?:\{([^}]*)\}|(\w+))")
+
+
+def expand_path(key: str, value: str, environ=os.environ) -> str:
+    """A folder of the config as a shell would read it (results: /project/def-pi/$USER/cifar,
+    ~/cifar): its $NAME, ${NAME} and ~ expanded; raises ValueError naming a variable that is
+    not set here (else a folder literally named "$USER" would be made)."""
+    unset = [a or b for a, b in VARIABLE.findall(value) if (a or b) not in environ]
+    if unset:
+        raise ValueError(f"{key}: {value} names ${unset[0]}, which is not set here: export "
+                         f"{unset[0]} or write the folder out in {key}")
+    expanded = VARIABLE.sub(lambda m: environ[m.group(1) or m.group(2)], value)
+    if expanded == "~" or expanded.startswith("~/"):
+        expanded = (environ.get("HOME") or os.path.expanduser("~")) + expanded[1:]
+    return os.path.expanduser(expanded)  # ~user/...
+
+
+def with_paths_expanded(config: dict, environ=os.environ) -> dict:
+    """The config with results: expanded (expand_path), where the plan reads it."""
+    return {**config, "results": expand_path("results", str(config["results"]), environ)}
 
 
 def data_identity(data: dict) -> str:

@@ -244,17 +244,20 @@ def test_node_failure_reruns_the_segment_on_the_other_node_and_resumes_exactly(t
                          reference_model(tmp_path, "ddp", tmp_path, nproc=2))
 
 
-# what each CUDA strategy must ask for, 2 processes of 1000 MB on one node (mps: replicas)
+# what each CUDA strategy must ask for, 2 processes of 1000 MB on one node (mps: replicas):
+# typed GPUs as Alliance documents them, the type the test cluster's nodes have (a100:2 on
+# n1, h100:2 on n2: of several, the most GPUs, a tie broken by name: a100)
 GPU_REQUESTS = {  # strategy: (sbatch flags, scontrol show job fields)
-    "gpu": (["--gres=gpu:1", "--mem 1000"], ["NumTasks=1", "TresPerNode=gres:gpu:1"]),
-    "ddp": (["--gres=gpu:2", "--mem 2000", "--ntasks-per-node=2"],
-            ["NumTasks=2", "TresPerNode=gres:gpu:2"]),
-    "fsdp": (["--gres=gpu:2", "--mem 2000", "--ntasks-per-node=2"],
-             ["NumTasks=2", "TresPerNode=gres:gpu:2"]),
-    "lightning": (["--gres=gpu:2", "--mem 2000", "--ntasks-per-node=2"],
-                  ["NumTasks=2", "TresPerNode=gres:gpu:2"]),
-    "mps": (["--gres=gpu:1", "--mem 2000", "--ntasks-per-node=2"],
-            ["NumTasks=2", "TresPerNode=gres:gpu:1"]),
+    "gpu": (["--gpus-per-node=a100:1", "--mem 1000"],
+            ["NumTasks=1", "TresPerNode=gres:gpu:a100:1"]),
+    "ddp": (["--gpus-per-node=a100:2", "--mem 2000", "--ntasks-per-node=2"],
+            ["NumTasks=2", "TresPerNode=gres:gpu:a100:2"]),
+    "fsdp": (["--gpus-per-node=a100:2", "--mem 2000", "--ntasks-per-node=2"],
+             ["NumTasks=2", "TresPerNode=gres:gpu:a100:2"]),
+    "lightning": (["--gpus-per-node=a100:2", "--mem 2000", "--ntasks-per-node=2"],
+                  ["NumTasks=2", "TresPerNode=gres:gpu:a100:2"]),
+    "mps": (["--gpus-per-node=a100:1", "--mem 2000", "--ntasks-per-node=2"],
+            ["NumTasks=2", "TresPerNode=gres:gpu:a100:1"]),
 }
 NO_CUDA = {s: f"strategy '{s}' needs a CUDA GPU but none is visible"
            for s in ("gpu", "ddp", "fsdp", "lightning")}
@@ -293,7 +296,7 @@ def test_cuda_strategies_request_their_gpus_and_fail_in_one_line(tmp_path):
         assert len(said) == 1 and NO_CUDA[strategy] in said.pop(), (strategy, log[-2000:])
     # the environment check asks for one GPU too, and says on its node what is wrong
     call = next(l for l in text.splitlines() if "sbatch call" in l and "rule_record_env" in l)
-    assert " --gres=gpu:1 " in call
+    assert " --gpus-per-node=a100:1 " in call  # typed, as the training jobs
     env_log = (tmp_path / "results/logs/record_environment.log").read_text()
     assert re.search(r"record-env: error: runs train on cuda but torch \S+ sees no GPU on n[12] "
                      r"\(driver: none\)", env_log), env_log

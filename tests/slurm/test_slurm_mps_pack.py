@@ -33,11 +33,11 @@ def test_a_shared_gpu_pack_is_one_step_holding_its_gpus_that_places_its_members(
     assert out.returncode != 0
     call = next(l for l in text.splitlines()
                 if "sbatch call" in l and "rule_train_gpu_" in l)
-    assert " --gres=gpu:1 " in call, call
+    assert " --gpus-per-node=a100:1" in call, call  # typed: the nodes' type (a100, h100)
     (jobid,) = set(submitted(text)["train_gpu"])
     show = subprocess.run(["scontrol", "show", "job", jobid], capture_output=True, text=True,
                           check=True).stdout
-    for field in ("NumNodes=1", "NumTasks=2", "TresPerNode=gres:gpu:1"):
+    for field in ("NumNodes=1", "NumTasks=2", "TresPerNode=gres:gpu:a100:1"):
         assert field in show, (field, show)
     assert job_state(jobid) == "FAILED"
     log = (tmp_path / "results/logs/packs/gpu-pack001/segment-1.log").read_text()
@@ -81,7 +81,7 @@ def test_a_gpu_pack_is_one_step_whose_tasks_each_see_their_own_gpu(tmp_path):
                           check=True).stdout
     for field in ("NumNodes=1", "NumTasks=2"):
         assert field in show, (field, show)
-    assert re.search(r"TresPerNode=gres:gpu:2\b", show), show
+    assert re.search(r"TresPerNode=gres:gpu:a100:2\b", show), show
     log = (tmp_path / "results/logs/packs/gpu-pack001/segment-1.log").read_text()
     assert re.search(r"2 member\(s\) as the tasks of one Slurm step: srun --ntasks=2 "
                      r"--cpus-per-task=1 --mem-per-cpu=1000 --gpus-per-task=1 "

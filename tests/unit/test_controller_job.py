@@ -6,8 +6,8 @@ from pathlib import Path
 
 from cifarflow import slurm
 
-from cifarflow.controller.controller_job import (follow, longest_cpu_time, sbatch_argv,
-                                                 snakemake_argv)
+from cifarflow.controller.controller_job import (follow, given_account, longest_cpu_time,
+                                                 sbatch_argv, snakemake_argv)
 
 # partitions as the plan reads them (partitions.partition_capacity) on an Alliance-shaped site
 def partition(name, minutes, up=True, hidden=False, gpus=0):
@@ -96,3 +96,21 @@ def test_the_follower_prints_the_log_as_it_grows_and_returns_the_final_state(tmp
     out = io.StringIO()
     assert follow("42", log, out=out, poll_s=0, state_of=state_of) == "COMPLETED"
     assert out.getvalue() == "Building DAG\n1 of 2 steps\n2 of 2 steps (100%) done\n"
+
+
+def test_the_controller_job_pays_with_the_config_s_account(tmp_path):
+    """--account, else slurm.account of the config the workflow reads (the --configfile
+    among the Snakemake arguments over config/config.yaml), else $SLURM_ACCOUNT."""
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "config.yaml").write_text("slurm:\n  account: def-base\n")
+    (tmp_path / "mine.yaml").write_text("slurm:\n  account: def-mine\n")
+    (tmp_path / "other.yaml").write_text("train:\n  epochs: 2\n")
+    env = {"SLURM_ACCOUNT": "def-env"}
+    assert given_account("", ["-n"], tmp_path, env) == "def-base"
+    assert given_account("", ["--configfile", "mine.yaml", "-n"], tmp_path, env) == "def-mine"
+    assert given_account("", ["--configfile=other.yaml"], tmp_path, env) == "def-base"
+    assert given_account("", ["--configfiles", "mine.yaml", "other.yaml"], tmp_path,
+                         env) == "def-mine"
+    assert given_account("def-opt", ["--configfile", "mine.yaml"], tmp_path, env) == "def-opt"
+    (tmp_path / "config" / "config.yaml").write_text("slurm:\n  account: ''\n")
+    assert given_account("", [], tmp_path, env) == "def-env"

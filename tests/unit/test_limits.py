@@ -112,7 +112,7 @@ def test_a_gpu_model_no_node_has_is_refused_naming_the_types():
         "resources.gpu_model v100 is on no node of every partition a GPU job can be routed to "
         "(cpubase_bycore_b1, cpubase_bycore_b3, gpubase_bygpu_b1, gpubase_bygpu_b3), whose GPU "
         "types are a100, a100_3g.20gb, h100: sbatch would refuse every GPU job; set "
-        "resources.gpu_model to one of a100, a100_3g.20gb, h100, or \"\" for any type")
+        "resources.gpu_model to one of a100, a100_3g.20gb, h100, or any for any type")
     for model in ("h100", "a100", "a100_3g.20gb", ""):
         assert check_fit(gpu(model), "", read_partitions(site)) == []
 

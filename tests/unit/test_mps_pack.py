@@ -39,15 +39,16 @@ def test_gpu_packs_share_their_gpus_and_cpu_packs_stay_steps(tmp_path, bin_dir):
     res = plan.pack_rules.resources("gpu")
     w4, w1 = wildcards(pack="gpu-pack001", segment=1), wildcards(pack="gpu-pack002", segment=1)
     # G = ceil(members / M) GPUs; cores and memory of every member, as a steps pack asks
-    assert (res["gres"](w4), res["gres"](w1)) == ("gpu:2", "gpu:1")
+    assert (res["slurm_extra"](w4), res["slurm_extra"](w1)) == ("--gpus-per-node=2",
+                                                                "--gpus-per-node=1")
     assert (res["tasks"](w4), res["cpus_per_task"](w4), res["mem_mb_per_cpu"](w4, None, 1)) == \
         (4, 2, 1500)
-    assert (res["nodes"], res["tasks_per_gpu"], res["mpi"](w4)) == (1, 0, "srun")
+    assert (res["nodes"], res["mpi"](w4)) == (1, "srun") and "gres" not in res
     assert plan.pack_rules.threads("gpu")(w4) == 8
-    assert "gres" not in plan.pack_rules.resources("cpu")
+    assert "slurm_extra" not in plan.pack_rules.resources("cpu")
     model = shared_plan(tmp_path, bin_dir, resources={"gpu_model": "h100", "cpus_per_task": 2,
                                                       "mem_mb": 3000})
-    assert model.pack_rules.resources("gpu")["gres"](w4) == "gpu:h100:2"
+    assert model.pack_rules.resources("gpu")["slurm_extra"](w4) == "--gpus-per-node=h100:2"
 
 
 def test_the_pack_job_command_carries_per_gpu_to_train_pack(tmp_path, bin_dir):
@@ -195,7 +196,7 @@ def test_the_fit_check_sees_what_the_pack_job_asks(tmp_path, bin_dir, pack):
         w = wildcards(pack=name, segment=1)
         (shape,) = [s for label, s in job_shapes(plan.runs, {name: p}).items()
                     if label.startswith(f"pack {name} ")]
-        asked_gpus = int(res["gres"](w).rsplit(":", 1)[1])
+        asked_gpus = int(res["slurm_extra"](w).rsplit("=", 1)[1])
         shaped_gpus = shape.get("gpus_per_node") or shape["tasks"] * shape["gpus_per_task"]
         assert (shape["tasks"], shape["cpus_per_task"], shape["mem_per_cpu"], shaped_gpus) == \
             (res["tasks"](w), res["cpus_per_task"](w), res["mem_mb_per_cpu"](w, None, 1),

@@ -60,3 +60,24 @@ def test_show_digest_adds_each_runs_weights_sha256(tmp_path):
     assert lines[3].split()[-1] == "ab" * 32
     assert lines[4].split()[6] == "synthetic" and "ab" * 32 not in lines[4]
     assert "weights_sha256" not in show(tmp_path, width=300)
+
+
+def test_runs_trained_in_slurm_jobs_on_synthetic_data_are_warned_about(tmp_path):
+    """summary.csv's data_source says synthetic and slurm_job_ids says Slurm ran it: show
+    says so in a WARNING line above the table (a local demo run is not warned about)."""
+    jobs = {"slow_one": "41 42", "fast_one": "43"}
+    with open(tmp_path / "summary.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(SUMMARY[0]) + ["slurm_job_ids"])
+        writer.writeheader()
+        writer.writerows({**row, "slurm_job_ids": jobs[row["run"]]} for row in SUMMARY)
+    lines = show(tmp_path, width=200).splitlines()
+    assert lines[1].startswith("WARNING: 1 run(s) trained in Slurm jobs on synthetic data "
+                               "(data.source synthetic")
+    assert "fast_one" in lines[1] and lines[2] == ""
+    assert lines[4].split()[0] == "slow_one" and lines[5].split()[6] == "synthetic"
+    jobs["fast_one"] = ""  # trained here, as the demo does
+    with open(tmp_path / "summary.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(SUMMARY[0]) + ["slurm_job_ids"])
+        writer.writeheader()
+        writer.writerows({**row, "slurm_job_ids": jobs[row["run"]]} for row in SUMMARY)
+    assert "WARNING" not in show(tmp_path, width=200)

@@ -143,13 +143,15 @@ def test_read_limits_asks_scontrol_and_sacctmgr_once_a_process(fake_bin, monkeyp
                          'MaxArraySize            = 1001\\n'
                          'AccountingStorageType   = accounting_storage/slurmdbd\\n";;\n'
                          'esac')
-    fake_bin("sacctmgr", 'case "$*" in *qos*) printf "\\n100\\n";; *MaxSubmit*) echo 250;; '
+    # the user's association: MaxSubmit 250, QOS normal (100 a user); a QOS it is not in: 5
+    fake_bin("sacctmgr", 'case "$*" in *"show qos"*) printf "normal|100\\nother|5\\n";; '
+                         '*MaxSubmit*) echo "250|normal";; '
                          '*Account*) printf "root\\ndef-cifar_cpu\\ndef-cifar_gpu\\nroot\\n";; esac')
     monkeypatch.setenv("USER", "alice")
     assert limits.read_limits() == {
         "max_job_count": "10000", "max_array_size": "1001", "accounting": True,
         "max_submit": 100}
-    assert "sacctmgr -n -P show assoc where user=alice format=MaxSubmit" in fake_bin.calls()
+    assert "sacctmgr -n -P show assoc where user=alice format=MaxSubmit,QOS" in fake_bin.calls()
     assert slurm.user_accounts("alice") == ("root", "def-cifar_cpu", "def-cifar_gpu")
     asked = len(fake_bin.calls())
     limits.read_limits(), slurm.user_accounts("alice"), slurm.records("partition")

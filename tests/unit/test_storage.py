@@ -2,9 +2,13 @@
 sizes (their cards: test_model_cards.py), the count of files, folders and bytes of every segment, and
 that count against the room under results: (statvfs, a recorded `lfs quota` answer)."""
 
+import grp
+import re
+
 import pytest
 
 from cifarflow.config import with_defaults
+from cifarflow.controller import quota
 from test_workflow_plan import bin_dir  # noqa: F401
 from cifarflow.controller.pack_plan import build_packs
 from cifarflow.controller.plan import KEEP_ALL_RUNS, build_runs, settle_keep_weights
@@ -134,3 +138,56 @@ def test_the_plan_refuses_a_1000_run_resnet18_sweep_on_a_small_filesystem(tmp_pa
     local = make_plan(tmp_path, bin_dir, **over)
     local.checks.against_cluster(lambda results: PROJECT, limits_of=lambda: None)
     assert local.log.warnings[0].startswith("WARNING: storage: the plan needs")
+
+
+# lfs's own answers in a project space: the group's quota (-g), the folder's project id
+# (lfs project -d: id, inherit flag, path) and that project's quota (-p)
+LFS_GROUP = "/lustre03\n       1040000000  1048576000 1048576000       -  402118  500000  500000       -"
+LFS_PROJECT = "/lustre03   20  0 0       -  499990  0  500000       -"
+LFS_USER = "/lustre03   20  0 0       -  3  0  0       -"  # nothing counted to the user
+
+
+def stand_in_lfs(tmp_path, project_line):
+    lfs = tmp_path / "bin" / "lfs"
+    lfs.parent.mkdir()
+    lfs.write_text(f"""#!/bin/sh
+echo "$*" >> {tmp_path}/asked
+case "$1 $3" in
+  "project {tmp_path}"*) echo "{project_line}" ;;
+  "quota -g") echo "{LFS_GROUP}" ;;
+  "quota -p") echo "{LFS_PROJECT}" ;;
+  "quota -u") echo "{LFS_USER}" ;;
+esac
+""")
+    lfs.chmod(0o755)
+    return str(lfs)
+
+
+@pytest.mark.parametrize("project_line", ["   4567 P {path}", "      0 - {path}"])
+def test_a_project_space_asks_the_group_s_and_the_project_s_quota(tmp_path, monkeypatch,
+                                                                   project_line):
+    """/project/def-pi/ana is the group def-pi's space: its quota is the group's (and the
+    folder's Lustre project id's where it has one), not the user's (-u counts nothing there:
+    a full project space passed the check); /home and /scratch keep the user's."""
+    space = tmp_path / "project" / "def-pi" / "ana"
+    space.mkdir(parents=True)
+    lfs = stand_in_lfs(tmp_path, project_line.format(path=space))
+    monkeypatch.setattr(quota, "PROJECT_SPACE", re.compile(re.escape(f"{tmp_path}/project/")))
+    group = grp.getgrgid(space.stat().st_gid).gr_name
+    found = room(str(space / "cifar"), user="ana", lfs=lfs)
+    asked = (tmp_path / "asked").read_text().splitlines()
+    assert asked[:2] == [f"project -d {space}", f"quota -q -g {group} {space}"]
+    assert found["bytes"] == (1048576000 - 1040000000) * 1024
+    if "P" in project_line:
+        assert asked[2] == f"quota -q -p 4567 {space}"
+        assert found["inodes"] == 10 and found["quota"] == "-p 4567"
+    else:
+        assert len(asked) == 2 and found["inodes"] == 500000 - 402118
+        assert found["quota"] == f"-g {group}"
+    refusal, _ = check_room(estimate(sweep(2).values()), "all", {**found, "bytes": 1})
+    assert "(lfs quota -" in refusal
+    (tmp_path / "asked").unlink()
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    room(str(scratch), user="ana", lfs=lfs)
+    assert (tmp_path / "asked").read_text().split() == ["quota", "-q", "-u", "ana", str(scratch)]

@@ -431,7 +431,7 @@ def test_a_fused_pack_is_one_task_with_the_members_memory_and_one_gpu(tmp_path, 
     w = wildcards(pack="gpu-pack001", segment=1)
     res = plan.pack_rules.resources("gpu")
     assert (res["tasks"](w), res["cpus_per_task"](w), res["mem_mb_per_cpu"](w, None, 1),
-            res["gres"](w), res["mpi"](w)) == (1, 2, 750, "gpu:1", "")
+            res["slurm_extra"](w), res["mpi"](w)) == (1, 2, 750, "--gpus-per-node=1", "")
     assert plan.pack_rules.threads("gpu")(w) == 2
     parsed = parser().parse_args(["train-pack", *plan.pack_rules.args("gpu")(w).split(), "--threads",
                                   "2", "--budget-min", "30", "--mem-per-cpu", "1500",
@@ -600,3 +600,107 @@ def test_ranks_with_a_gpu_each_are_bound_to_it_and_shared_gpus_are_not(tmp_path,
     assert "--gpus-per-task 1" in prefix("gpu")
     assert "--gpus-per-task" not in prefix("mps", **cuda)  # the replicas share one GPU
     assert "--gpus-per-task" not in prefix("ddp") and "--gpus-per-task" not in prefix("cpu")
+
+
+GPU_PARTITIONS = ("PartitionName=gpu Default=NO Hidden=NO State=UP MaxTime=1-00:00:00 "
+                  "Nodes=g[1-2]\n"
+                  "PartitionName=cpu Default=NO Hidden=NO State=UP MaxTime=1-00:00:00 Nodes=c1")
+GPU_NODES = ("NodeName=g1 CPUTot=32 RealMemory=200000 Gres=gpu:h100:4(S:0-1)\n"
+             "NodeName=g2 CPUTot=32 RealMemory=200000 Gres=gpu:h100:4(S:0-1)\n"
+             "NodeName=c1 CPUTot=32 RealMemory=200000 Gres=(null)")
+
+
+def gpu_cluster(nodes=GPU_NODES):
+    return lambda kind: [fields(line) for line in
+                         (GPU_PARTITIONS if kind == "partition" else nodes).splitlines()]
+
+
+def test_unpacked_gpu_jobs_get_the_account_sacctmgr_settled(tmp_path, bin_dir):
+    """No slurm.account, the site's def-x_cpu / def-x_gpu: a plan of GPU runs only settles
+    its account on the GPU side alone; its training jobs and its environment record go there
+    (they went without -A: the plugin guessed one, once def-x_cpu)."""
+    plan = make_plan(tmp_path, bin_dir, jobs_at_once=2, strategies=["gpu"],
+                     sweep={"lr": [0.1, 0.2]})
+    plan.checks.against_cluster(lambda results: ROOM, limits_of=lambda: LIMITS,
+                                partitions_of=lambda: read_partitions(gpu_cluster()),
+                                accounts_of=lambda user: ["def-x_cpu", "def-x_gpu"])
+    res = plan.run_rules.resources("gpu")
+    assert res["slurm_account"] == "def-x_gpu"
+    assert plan.placement.for_job(bool(plan.software.env_gpu))["slurm_account"] == "def-x_gpu"
+
+
+def test_results_expands_the_variables_the_docs_write_or_names_the_unset_one(tmp_path, bin_dir):
+    """results: /project/def-yourpi/$USER/cifar, as docs/slurm.md writes it, is the user's
+    folder (a folder literally named $USER was made); ${VAR} and ~ too; a variable that is not
+    set is refused, naming it."""
+    env = {"USER": "ana", "SCRATCH": str(tmp_path / "scratch"), "HOME": str(tmp_path / "home")}
+    plan = make_plan(tmp_path, bin_dir, environ=env, results="/project/def-yourpi/$USER/cifar")
+    assert plan.results == "/project/def-yourpi/ana/cifar"
+    assert plan.run_rules.order("cpu", 1).out.startswith("/project/def-yourpi/ana/cifar/")
+    assert make_plan(tmp_path, bin_dir, environ=env,
+                     results="${SCRATCH}/sweep").results == f"{tmp_path}/scratch/sweep"
+    assert make_plan(tmp_path, bin_dir, environ=env, results="~/r").results == \
+        f"{tmp_path}/home/r"
+    with pytest.raises(PlanError, match=r"results: /project/\$PI/x names \$PI, which is not "
+                                        r"set here"):
+        make_plan(tmp_path, bin_dir, environ=env, results="/project/$PI/x")
+
+
+def test_a_slurm_run_on_synthetic_data_is_warned_about_at_dry_run(tmp_path, bin_dir):
+    """The default data.source synthetic under profiles/slurm (--jobs) or controller-job (in
+    a Slurm job): a WARNING naming data.source download and the data step; none for a local
+    run (the demo) or with real data."""
+    slurm = make_plan(tmp_path, bin_dir, jobs_at_once=4)
+    slurm.checks.kept_data(environ={})
+    assert len(slurm.log.warnings) == 1
+    assert slurm.log.warnings[0].startswith("WARNING: data.source synthetic: every run trains "
+                                            "on generated images")
+    assert "data.source: download" in slurm.log.warnings[0]
+    assert "snakemake --profile profiles/slurm extract_dataset" in slurm.log.warnings[0]
+    in_job = make_plan(tmp_path, bin_dir)
+    in_job.checks.kept_data(environ={"SLURM_JOB_ID": "7"})
+    assert len(in_job.log.warnings) == 1
+    local = make_plan(tmp_path, bin_dir)
+    local.checks.kept_data(environ={})
+    real = make_plan(tmp_path, bin_dir, jobs_at_once=4, data={"source": "download"})
+    real.checks.kept_data(environ={})
+    assert local.log.warnings == real.log.warnings == []
+
+
+def checked(plan, nodes=GPU_NODES):
+    plan.checks.against_cluster(lambda results: ROOM, limits_of=lambda: LIMITS,
+                                partitions_of=lambda: read_partitions(gpu_cluster(nodes)),
+                                accounts_of=lambda user: None)
+    return plan
+
+
+def test_gpu_requests_are_typed_with_the_nodes_type_unless_gpu_model_is_any(tmp_path, bin_dir):
+    """resources.gpu_model unset: every GPU job (a run's, a pack's, the environment record's)
+    asks for the type the nodes have, as Alliance documents it (--gpus-per-node=h100:1, no
+    --gres), and -n says so; `any` asks untyped; of several types the whole-GPU type with the
+    most GPUs is chosen and named; a named type the nodes lack is still refused."""
+    plan = checked(make_plan(tmp_path, bin_dir, jobs_at_once=2, strategies=["gpu"]))
+    res = plan.run_rules.resources("gpu")
+    assert res["slurm_extra"] == "--gpus-per-node=h100:1" and "gres" not in res
+    assert plan.placement.job(plan.software.env_gpu)["slurm_extra"] == "--gpus-per-node=h100:1"
+    assert ("GPU type: h100 (the type of the GPU nodes: h100:8): GPU jobs ask "
+            "--gpus-per-node=h100:<n>; resources.gpu_model names another type, any asks for "
+            "any") in plan.log.infos
+    packed = checked(make_plan(tmp_path, bin_dir, jobs_at_once=2, strategies=["gpu"],
+                               sweep={"lr": [0.1, 0.2]}, pack={"runs_per_job": 2}))
+    w = wildcards(pack="gpu-pack001", segment=1)
+    assert packed.pack_rules.resources("gpu")["slurm_extra"](w) == "--gpus-per-node=h100:2"
+    untyped = checked(make_plan(tmp_path, bin_dir, jobs_at_once=2, strategies=["gpu"],
+                                resources={"gpu_model": "any"}))
+    assert untyped.run_rules.resources("gpu")["slurm_extra"] == "--gpus-per-node=1"
+    mixed = GPU_NODES.replace("g2 CPUTot=32 RealMemory=200000 Gres=gpu:h100:4(S:0-1)",
+                              "g2 CPUTot=32 RealMemory=200000 Gres=gpu:a100:2,"
+                              "gpu:a100_1g.5gb:14")
+    chosen = checked(make_plan(tmp_path, bin_dir, jobs_at_once=2, strategies=["gpu"]), mixed)
+    assert chosen.run_rules.resources("gpu")["slurm_extra"] == "--gpus-per-node=h100:1"
+    assert any(line.startswith("GPU type: h100 (of several, the whole-GPU type with the most "
+                               "GPUs where GPU jobs go: a100_1g.5gb:14, h100:4, a100:2)")
+               for line in chosen.log.infos)
+    with pytest.raises(PlanError, match="resources.gpu_model v100 is on no node"):
+        checked(make_plan(tmp_path, bin_dir, jobs_at_once=2, strategies=["gpu"],
+                          resources={"gpu_model": "v100"}))

@@ -55,10 +55,20 @@ class PlanChecks:
                              "results: in config/config.yaml (or --config results=DIR) to a "
                              "folder you can write, e.g. /scratch/$USER/<sweep> on a cluster")
 
-    def kept_data(self) -> None:
+    def kept_data(self, environ=os.environ) -> None:
         """Which data folders results/data holds, and which one the plan trains on: each data
-        id has its own (data_folders.py), so no data.source replaces another's data."""
-        self.log.info(describe_data(self.results, self.data_id, self.config["data"]["source"]))
+        id has its own (data_folders.py), so no data.source replaces another's data. A run
+        for Slurm (--jobs: profiles/slurm, or inside a job: controller-job) on the synthetic
+        demo data is warned about: the first day's block once never fetched the real set."""
+        source = self.config["data"]["source"]
+        self.log.info(describe_data(self.results, self.data_id, source))
+        if source == "synthetic" and (self.jobs_at_once or environ.get("SLURM_JOB_ID")):
+            self.log.warning(
+                "WARNING: data.source synthetic: every run trains on generated images "
+                f"({self.data_id}), not CIFAR-10, so its accuracy says nothing of the model; "
+                "for the real data set data.source: download in config/config.yaml and "
+                "fetch it on the login node first: snakemake --profile profiles/slurm "
+                "extract_dataset (docs/slurm.md)")
 
     @functools.cached_property
     def storage(self) -> storage.Estimate:
@@ -95,16 +105,18 @@ class PlanChecks:
         """`snakemake -n` says what the plan submits and, where Slurm tells, whether it fits
         (cluster_checks.py; ``readers``: its limits_of, partitions_of, accounts_of) and
         whether results: has room for it; refusals stop a run with --jobs
-        (profiles/slurm), else they are warnings. Each job's account is settled here."""
+        (profiles/slurm), else they are warnings. Each job's account and the GPU type of
+        a request that names none are settled here."""
         packed = {member for pack in self.packs.values() for member in pack.members}
         units = [p.members for p in self.packs.values()]
         units += [[name] for name in self.runs if name not in packed]
         found = check_cluster(self.runs, self.packs, units, self.placement.given,
-                              self.env_gpu, self.jobs_at_once, **readers)
+                              self.env_gpu, self.jobs_at_once,
+                              gpu_model=self.placement.gpu_model, **readers)
         if found.fatal:  # refused whoever submits
             raise self.error(found.fatal[0])
-        self.placement.accounts = found.accounts
-        if jobs_of is not None:  # each job's first try, its account settled: asked of Slurm
+        self.placement.accounts, self.placement.gpu_type = found.accounts, found.gpu_type
+        if jobs_of is not None:  # each job's first try, account and GPU type settled
             named = self.placement.given.get("slurm_partition", "")
             found = ask_slurm_too(found, jobs_of(), named, **({"ask": ask} if ask else {}))
         stored = check_storage(self.storage, self.config["segments"]["keep_weights"],

@@ -11,6 +11,7 @@ from .. import slurm
 from . import quota
 from .accounts import job_accounts
 from .gpu_limits import gpu_share_warnings, gpu_slice_errors, job_gpus
+from .gpu_types import settle_gpu_type, typed_shapes
 from .limits import check_plan, read_limits
 from .packs import job_shapes
 from .partitions import read_partitions, user_groups
@@ -27,11 +28,13 @@ class Findings:
     accounts: dict | None = None                  # {on GPUs: account}, where sacctmgr told
     fit_errors: list = field(default_factory=list)  # the plan's reading of the partitions
     partitions: dict | None = None                # scontrol show partition, read
+    gpu_type: str = ""                            # the nodes' GPU type (gpu_types.py)
 
 
 def check_cluster(runs: dict, packs: dict, units: list, placement: dict, env_gpu: bool,
                   jobs_at_once: int | None, *, limits_of=read_limits,
-                  partitions_of=read_partitions, accounts_of=slurm.user_accounts) -> Findings:
+                  partitions_of=read_partitions, accounts_of=slurm.user_accounts,
+                  gpu_model: str = "") -> Findings:
     """What Slurm says of the plan: its counts, each job's partitions and account."""
     found = Findings()
     segments = [len(runs[members[0]].segment_epochs) for members in units]
@@ -46,6 +49,10 @@ def check_cluster(runs: dict, packs: dict, units: list, placement: dict, env_gpu
     partitions = partitions_of()
     found.partitions = partitions
     found.lines.append(describe_placement(partitions, named))
+    if env_gpu or any(job_gpus(shape) for shape in shapes.values()):
+        found.gpu_type, line = settle_gpu_type(partitions, named, gpu_model)
+        found.lines += [line] if line else []
+        shapes = typed_shapes(shapes, found.gpu_type)
     given = placement.get("slurm_account", "")
     accounts = accounts_of(slurm.user())
     if accounts is None:
@@ -71,6 +78,8 @@ def ask_slurm_too(found: Findings, jobs: list, named: str, ask=slurm.will_run) -
     errors, and a disagreement is a warning that says so."""
     if found.partitions is None:
         return found
+    jobs = [(label, res, threads, typed_shapes({label: shape}, found.gpu_type)[label])
+            for label, res, threads, shape in jobs]
     model = {label: job_error(label, shape, named, found.partitions, found.accounts,
                               user_groups()) for label, _, _, shape in jobs}
     verdict = ask_slurm(jobs, found.partitions, model, ask)

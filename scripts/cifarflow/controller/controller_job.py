@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+import yaml
+
 from .. import slurm
 from .accounts import job_accounts
 from .partitions import read_partitions
@@ -141,10 +143,47 @@ def cpu_account(given: str, user: str) -> str:
     return job_accounts(given, listed, {False})[0][False]
 
 
+CONFIG_FILE = "config/config.yaml"  # the Snakefile's configfile:, in the working directory
+
+
+def config_files(args: list[str], workdir: Path) -> list[Path]:
+    """The config files the workflow reads, in order: the Snakefile's config/config.yaml,
+    then each --configfile(s) of the Snakemake arguments (later ones win, as in Snakemake)."""
+    files, taking = [workdir / CONFIG_FILE], False
+    for arg in args:
+        name, eq, value = arg.partition("=")
+        if name in ("--configfile", "--configfiles"):
+            taking = not eq
+            files += [workdir / value] if eq else []
+        elif taking and not arg.startswith("-"):
+            files.append(workdir / arg)
+        else:
+            taking = False
+    return files
+
+
+def configured_account(args: list[str], workdir: Path) -> str:
+    """slurm.account as the workflow will read it from its config files ("" where none sets
+    it); a file that is not there is Snakemake's to refuse."""
+    account = ""
+    for path in config_files(args, workdir):
+        if path.is_file():
+            slurm_section = (yaml.safe_load(path.read_text()) or {}).get("slurm") or {}
+            account = slurm_section.get("account") or account
+    return account
+
+
+def given_account(option: str, args: list[str], workdir: Path, environ=os.environ) -> str:
+    """The controller's account as the workflow places its jobs (placement.py): --account,
+    else slurm.account of the config the user passes, else $SLURM_ACCOUNT."""
+    return (option or configured_account(args, workdir)
+            or environ.get("SLURM_ACCOUNT", ""))
+
+
 def main(args, basedir: Path) -> None:
     """`cifarflow controller-job`: the CLI's arguments, parsed."""
-    account = cpu_account(args.account or os.environ.get("SLURM_ACCOUNT", ""), slurm.user())
     rest = args.snakemake_args[1:] if args.snakemake_args[:1] == ["--"] else args.snakemake_args
+    account = cpu_account(given_account(args.account, rest, Path.cwd()), slurm.user())
     sys.exit(submit(rest, account=account, time_limit=args.time,
                     mem_mb=args.mem_mb, basedir=basedir, workdir=Path.cwd(),
                     bin_dir=Path(sys.executable).parent, follow_log=not args.no_follow))

@@ -16,7 +16,7 @@ from ..orders import PackOrder
 from .chain import Chain
 from .pack_plan import Pack
 from .packs import PACK_KINDS, PACK_TRY, StepPack, mem_per_cpu
-from .placement import Placement
+from .placement import Placement, joined
 from .plan import Run
 from .rules import Requests
 
@@ -108,12 +108,13 @@ class PackRules:
                                                                       attempt).runtime,
             "mpi": lambda wildcards: "srun" if self.tasks(wildcards) > 1 else "",
         }
-        if gpu:
-            own["gres"] = lambda wildcards: gpu_request(self.gpu_model, kind.gpus(
-                self.packs[wildcards.pack], len(self.members(wildcards))))["gres"]
-            own["tasks_per_gpu"] = 0
         own.update(kind.placement([p for p in self.packs.values() if p.strategy == strategy][0],
                                   gpu))
         placement = self.placement.for_job(gpu)
-        extra = " ".join(filter(None, (own.get("slurm_extra"), placement.get("slurm_extra"))))
-        return {**own, **placement, **({"slurm_extra": extra} if extra else {})}
+        extra = joined(own.get("slurm_extra"), placement.get("slurm_extra"))
+        res = {**own, **placement, **({"slurm_extra": extra} if extra else {})}
+        if gpu:  # its GPUs as placement.py asks them (--gpus-per-node=<type>:<n>)
+            res["slurm_extra"] = lambda wildcards: joined(self.placement.gpus(gpu_request(
+                self.gpu_model, kind.gpus(self.packs[wildcards.pack],
+                                          len(self.members(wildcards))))["gres"]), extra)
+        return res

@@ -112,7 +112,7 @@ def job_error(job: str, shape: dict, named: str, partitions: dict, accounts: dic
         return (f"resources.gpu_model {model} is on no node of {label} "
                 f"({', '.join(p['name'] for p in places)}), whose GPU types are "
                 f"{', '.join(types) or 'untyped'}: sbatch would refuse every GPU job; set "
-                f"resources.gpu_model to one of {', '.join(types)}, or \"\" for any type")
+                f"resources.gpu_model to one of {', '.join(types)}, or any for any type")
     most = {p["name"]: most_tasks(shape, p) for p in places}
     fits = [p for p in places if most[p["name"]] >= shape["tasks"]]
     if not fits:

@@ -108,17 +108,17 @@ class RunRules:
         return value
 
     def resources(self, strategy: str) -> dict:
-        """Rule resources, per run, plus `mpi`: its presence tells the Slurm jobstep not to
-        wrap the command in an srun step of its own, since our launcher starts the step.
-        Empty for one task (the plugin submits it as such; it refuses an mpi job of one task).
-        Memory and runtime are sized per segment (request)."""
-        keys = sorted({key for name in self.runs_of(strategy) for key in self.runs[name].resources})
-        res = {key: self.per_run(strategy, lambda run, key=key: run.resources[key])
+        """Rule resources, per run (its request, its GPUs and account as placement.py asks
+        them), plus `mpi`: its presence tells the Slurm jobstep not to wrap the command in an
+        srun step of its own, since our launcher starts the step. Empty for one task (the
+        plugin submits it as such; it refuses an mpi job of one task). Memory and runtime are
+        sized per segment (request)."""
+        jobs = {name: self.placement.job(self.runs[name].resources)
+                for name in self.runs_of(strategy)}
+        keys = sorted({key for job in jobs.values() for key in job})
+        res = {key: self.per_run(strategy, lambda run, key=key: jobs[run.name].get(key, ""))
                for key in keys}
         res.update(mem_mb=self.request("mem_mb"), runtime=self.request("runtime"))
-        for key in self.placement.for_job(False):  # the account by whether the run asks GPUs
-            res[key] = self.per_run(strategy, lambda run, key=key: self.placement.for_job(
-                run.strategy_class.gpus_per_node(run.config) > 0)[key])
         res["mpi"] = self.per_run(strategy,
                                   lambda run: "srun" if run.config.world_size > 1 else "")
         return res

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from ..config import data_identity
+from ..config import data_identity, with_paths_expanded
 from ..data import BATCHES_DIR
 from ..data_folders import data_folder
 from ..job.tries import INVOCATION
@@ -81,7 +81,7 @@ class WorkflowPlan:
         self.unpacked = [s for s in config["strategies"] if s not in self.packed]
         self.software = JobSoftware(config, basedir, runs, jobs_at_once=jobs_at_once,
                                     error=error, log=log, scripts_dir=scripts_dir)
-        self.placement = Placement(config["slurm"], environ)
+        self.placement = Placement(config["slurm"], environ, config["resources"]["gpu_model"])
         search = Search.from_sweep(config["sweep"], sweep_item_schemas())
         self.rounds = SearchRounds(search, config, runs, checkpoints, self.add_round, log, error)
         self.outputs = Outputs(config, runs, packs, checkpoints, pending=pending,
@@ -102,6 +102,7 @@ class WorkflowPlan:
         """The plan of a schema-complete config; a config it cannot plan raises ``error``."""
         error = kw.get("error", PlanError)
         try:
+            config = with_paths_expanded(config, kw.get("environ", os.environ))
             config = settle_keep_weights(config)  # the rounds of a search plan from it too
             runs = build_runs(config)
             packs = plan_packs(runs, config["pack"])
@@ -134,7 +135,7 @@ class WorkflowPlan:
         tell_each_submission(self.ownership.job_submitted)
         self.checks.user_models()
         self.checks.results_dir()
-        self.checks.kept_data()
+        self.checks.kept_data(environ)
         write_specs(self.runs.values(), self.results, self.log)
         self.announce()
         self.software.check_strategy_packages()
@@ -152,8 +153,7 @@ class WorkflowPlan:
     def env_resources(self) -> dict:
         """The environment record's job: like the training's (a GPU of its kind where runs
         train on cuda), short."""
-        gpu = self.software.env_gpu
-        return {**gpu, **self.placement.for_job(bool(gpu)), "runtime": 10, "mem_mb": 2000}
+        return {**self.placement.job(self.software.env_gpu), "runtime": 10, "mem_mb": 2000}
 
     def first_jobs(self) -> list[tuple[str, dict, int, dict]]:
         """Every kind of job the plan submits, as its first try asks it: (label, the rule's

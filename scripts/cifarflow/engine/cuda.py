@@ -12,9 +12,11 @@ GPU_INDEX_ENV = "CIFARFLOW_CUDA_DEVICE"
 
 
 def gpu_request(model: str, gpus: int) -> dict:
-    """Snakemake resources for `gpus` GPUs per node, of `model` if given; tasks_per_gpu=0:
-    the Slurm plugin must not start the command once per GPU."""
-    return {"gres": f"gpu:{model}:{gpus}" if model else f"gpu:{gpus}", "tasks_per_gpu": 0}
+    """Snakemake resources for `gpus` GPUs per node, of `model` if given ("" or "any": the
+    controller's placement types it, or not: controller/placement.py); tasks_per_gpu=0: the
+    Slurm plugin must not start the command once per GPU."""
+    typed = model and model != "any"
+    return {"gres": f"gpu:{model}:{gpus}" if typed else f"gpu:{gpus}", "tasks_per_gpu": 0}
 
 
 def cuda_missing(strategy: str) -> str:

@@ -87,6 +87,20 @@ def data_label(source, md5) -> str:
     return f"{source} {md5}".strip()
 
 
+def synthetic_warning(df) -> list[str]:
+    """A line where runs trained in Slurm jobs on the synthetic demo data: their accuracy
+    says nothing of CIFAR-10 (a first day on a cluster once trained only that)."""
+    missing = [None] * len(df)
+    synthetic = [run for run, source, jobs in zip(df.run, df.get("data_source", missing),
+                                                  df.get("slurm_job_ids", missing))
+                 if source == "synthetic" and isinstance(jobs, str) and jobs.strip()]
+    if not synthetic:
+        return []
+    return [f"WARNING: {len(synthetic)} run(s) trained in Slurm jobs on synthetic data "
+            f"(data.source synthetic: generated images, not CIFAR-10), {synthetic[0]} "
+            f"among them: for the real set, data.source: download (docs/slurm.md)"]
+
+
 def show(results: Path, top: int = 20, width: int | None = None, digest: bool = False) -> str:
     """The text `cifarflow show` prints; `top` runs (0: all), by test accuracy; ``digest``:
     each run's weights_sha256 in a column of its own."""
@@ -109,7 +123,8 @@ def show(results: Path, top: int = 20, width: int | None = None, digest: bool = 
                     + [cell(verdict, lambda v: str(v).split(" | ")[0])])
     n = len(df)
     lines = [f"{n} run{'s' if n != 1 else ''}: {status_counts(df)}"
-             + (f"; the {len(shown)} most accurate:" if len(shown) < n else ""), ""]
+             + (f"; the {len(shown)} most accurate:" if len(shown) < n else "")]
+    lines += synthetic_warning(df) + [""]
     lines += table(rows, width)
     if len(shown) < n:
         lines.append(f"... and {n - len(shown)} more (cifarflow show --top 0 {path.parent}: all)")
