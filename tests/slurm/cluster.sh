@@ -27,7 +27,8 @@
 # Env knobs:
 #   SLURM_WAIT_S=60        how long `start` waits for the node to become idle
 #   SLURM_CLEAN=1          start slurmctld with -c (discard saved job state)
-#   SLURM_MEM_RESERVE_MB   memory kept back from RealMemory (default: 5%, min 256)
+#   SLURM_NODE_CPUS=2      CPUs each node declares (the tests are written for 2)
+#   SLURM_NODE_MEM_MB=16000  RealMemory each node declares
 #   PROJECT_MB=1024        size of the /project filesystem
 set -euo pipefail
 
@@ -63,6 +64,9 @@ PROJECT_IMG=/var/tmp/cifarflow-project.img
 PROJECT_MB=${PROJECT_MB:-1024}
 MUNGE_PID=/run/munge/cifarflow-munged.pid  # ours: a munged we did not start is used, never stopped
 WAIT_S=${SLURM_WAIT_S:-60}
+# every node's declared shape, whatever this host has (write_conf)
+NODE_CPUS=${SLURM_NODE_CPUS:-2}
+NODE_MEM_MB=${SLURM_NODE_MEM_MB:-16000}
 
 log() { echo "[slurm-cluster] $*" >&2; }
 
@@ -315,21 +319,12 @@ LUA
 }
 
 write_conf() { # -> prints "changed" if slurm.conf content changed
-    local cpus sockets cores threads mem reserve realmem defmem tmp n hw
-    # `slurmd -C` reports what slurmd itself will detect; use it so the node is not
-    # drained for "low socket*core*thread count" / "low RealMemory".
-    hw=$(slurmd -C 2>/dev/null | head -n1 || true)
-    getf() { sed -n "s/.*\b$1=\([0-9]*\).*/\1/p" <<<"$hw"; }
-    cpus=$(getf CPUs);             cpus=${cpus:-$(nproc --all)}
-    sockets=$(getf SocketsPerBoard); sockets=${sockets:-1}
-    cores=$(getf CoresPerSocket);  cores=${cores:-$cpus}
-    threads=$(getf ThreadsPerCore); threads=${threads:-1}
-    mem=$(getf RealMemory)
-    [[ -n $mem ]] || mem=$(awk '/^MemTotal:/ {print int($2/1024)}' /proc/meminfo)
-    reserve=${SLURM_MEM_RESERVE_MB:-$(( mem / 20 ))}
-    (( reserve < 256 )) && reserve=256
-    realmem=$(( mem - reserve ))
-    (( realmem < 256 )) && realmem=$(( mem > 256 ? 256 : mem ))
+    local cpus sockets cores threads realmem defmem tmp n
+    # Every node's shape is declared here, not read from this host (`slurmd -C`, `nproc`):
+    # SlurmdParameters=config_overrides lets slurmd run nodes of this shape on any host, so
+    # a 2-, 16- or 64-core machine shows the same cluster and the tests see the same
+    # partitions (what a job of N tasks can ever get, where a pack's members go).
+    cpus=$NODE_CPUS sockets=1 cores=$NODE_CPUS threads=1 realmem=$NODE_MEM_MB
     # Without DefMemPerCPU a job that does not ask for --mem gets the WHOLE node's
     # memory under CR_*_Memory, so nothing else could run next to it.
     defmem=$(( realmem / cpus ))
@@ -396,8 +391,8 @@ JobAcctGatherFrequency=task=1
 JobAcctGatherParams=OverMemoryKill
 JobCompType=jobcomp/none
 MailProg=/bin/true
-# nodes: this host, and n1/n2 in their namespaces (each advertises this machine's cores,
-# and n1/n2 typed fake GPUs: gres.conf)
+# nodes: this host, and n1/n2 in their namespaces (each declares NODE_CPUS cores and
+# NODE_MEM_MB of memory whatever the host has, and n1/n2 typed fake GPUs: gres.conf)
 GresTypes=gpu
 SlurmdParameters=config_overrides
 NodeName=${SHORT} NodeAddr=${CTL_ADDR} ${hwspec} State=UNKNOWN

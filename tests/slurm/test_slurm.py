@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (ROOT, SLURM_RUNS, assert_bit_identical, cancel_slurm_jobs, cli,
+from conftest import (ROOT, SLURM_RUNS, assert_bit_identical, cancel_slurm_jobs, cli, freeze,
                       slurm_job_prefix, slurm_jobs, snakemake, start_snakemake, state_of,
                       summary_rows, train_until_saved, training_spec, run_batches)
 from alliance import CPU_ACCOUNT
@@ -183,8 +183,7 @@ def freeze_training(jobid: str, ranks: int = 1) -> None:
     to the job next happens mid-segment, however fast this machine trains."""
     training = training_processes(jobid)
     assert len(training) == ranks, training
-    for pid in training:
-        os.kill(pid, signal.SIGSTOP)
+    freeze(training)  # SIGSTOP, and wait until /proc says each one stopped
 
 
 def preempt_long_segment(tmp_path, strategy="cpu", ranks=1) -> str:

@@ -21,6 +21,7 @@ from cifarflow.results.aggregate import aggregate
 from cifarflow.controller.pending import PendingWatch
 from cifarflow.slurm_queue import pending_of, squeue_mine
 from alliance import CPU_ACCOUNT
+from conftest import slurm_job_prefix
 
 pytestmark = pytest.mark.slurm
 
@@ -45,10 +46,11 @@ def counted(tmp_path, monkeypatch):
     return calls
 
 
-def sbatch(*args) -> str:
+def sbatch(workdir, *args) -> str:
+    """A job named after the test's folder (the cleanup fixture cancels what is left)."""
     return subprocess.run(["sbatch", "--parsable", "-A", CPU_ACCOUNT, "-c", "1", "--mem", "50",
-                           "-o", "/dev/null", *args], capture_output=True, text=True,
-                          check=True).stdout.strip()
+                           "-o", "/dev/null", "-J", f"{slurm_job_prefix(workdir)}_probe", *args],
+                          capture_output=True, text=True, check=True).stdout.strip()
 
 
 def state(job: str) -> str:
@@ -89,8 +91,9 @@ def test_a_results_trees_killed_tries_are_one_question(tmp_path, counted):
     """Three runs, three tries without an end (a failed job, a cancelled one, one still
     pending), one that ended well: the summary asks sacct once and squeue once for the
     three (before: a sacct and a squeue for each), and each try ends as its job did."""
-    failed, done = sbatch("--wrap", "false"), sbatch("--wrap", "true")
-    cancelled, held = sbatch("--hold", "--wrap", "true"), sbatch("--hold", "--wrap", "true")
+    failed, done = sbatch(tmp_path, "--wrap", "false"), sbatch(tmp_path, "--wrap", "true")
+    cancelled = sbatch(tmp_path, "--hold", "--wrap", "true")
+    held = sbatch(tmp_path, "--hold", "--wrap", "true")
     try:
         subprocess.run(["scancel", cancelled], check=True)
         assert wait_for(failed, ("FAILED",)) == "FAILED"
@@ -131,6 +134,7 @@ def test_a_job_held_by_a_maintenance_reservation_is_not_named_as_never_starting(
     try:
         job = subprocess.run(
             ["sbatch", "--parsable", "-A", CPU_ACCOUNT, "-p", "multi", "-w", "n1", "--mem", "50", "-D", str(tmp_path),
+             "-J", f"{slurm_job_prefix(tmp_path)}_maint",
              "--comment", "rule_train_cpu_wildcards_cpu_1", "--wrap", "true"],
             capture_output=True, text=True, check=True).stdout.strip()
         deadline, reason = time.time() + 120, ""

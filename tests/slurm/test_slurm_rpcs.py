@@ -51,8 +51,14 @@ def test_a_packed_sweep_costs_one_step_per_pack_job_and_reads_the_cluster_once(t
     # 6 packs x 2 segments, and record_environment: nothing else is submitted
     jobs = {job for row in rows.values() for job in row["slurm_job_ids"].split()}
     assert len(jobs) == 12
-    assert sum(1 for _, call in made if call.startswith("sbatch ")) == 13
+    submitted = [call for _, call in made if call.startswith("sbatch --parsable ")]
+    assert len(submitted) == 13
     assert counts["REQUEST_SUBMIT_BATCH_JOB"] >= 13  # this sweep's, and nothing of ours more
+    # where each job goes, asked of Slurm once per distinct request (will_run.py): the six
+    # packs ask alike, the environment record otherwise
+    asked = [call for job, call in made if call.startswith("sbatch --test-only ")]
+    assert len(asked) == 2 and {job for job, call in made if "--test-only" in call} == {"-"}
+    assert counts["REQUEST_JOB_WILL_RUN"] >= 2
     # one job step per pack job (its members are the tasks of that step), one srun each
     steps = subprocess.run(["sacct", "-n", "-P", "-j", ",".join(sorted(jobs)), "-o", "JobID"],
                            capture_output=True, text=True, check=True).stdout.split()

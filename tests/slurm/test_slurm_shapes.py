@@ -135,3 +135,18 @@ def test_a_qos_you_are_not_in_is_not_your_limit(tmp_path, qos_of_others):
     rc, text = dry_run(tmp_path, ONE_CORE + sweep, "--jobs", "6")
     assert rc == 0, text[-3000:]
     assert "MaxSubmitJobs 100" in text and "MaxSubmitJobs 2" not in text
+
+
+def test_every_node_declares_its_shape_whatever_the_host():
+    """cluster.sh writes each node's CPUs, memory and GPUs (config_overrides), so a 2-, 16- or
+    64-core host shows the same cluster: the one every test here is written for."""
+    out = subprocess.run(["scontrol", "-o", "show", "node"], capture_output=True, text=True,
+                         check=True).stdout
+    nodes = {}
+    for line in out.splitlines():
+        fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+        nodes[fields["NodeName"]] = (fields["CPUTot"], fields["RealMemory"], fields["Gres"])
+    assert len(nodes) == 3 and {cpus for cpus, _, _ in nodes.values()} == {"2"}, nodes
+    assert {mem for _, mem, _ in nodes.values()} == {"16000"}, nodes
+    assert sorted(gres for _, _, gres in nodes.values()) == [
+        "(null)", "gpu:a100:2,gpu:a100_3g.20gb:1", "gpu:h100:2"], nodes

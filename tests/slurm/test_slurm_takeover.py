@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import assert_bit_identical, cli, run_batches, snakemake, state_of
+from conftest import assert_bit_identical, cli, run_batches, slurm_job_prefix, snakemake, state_of
 from cifarflow.engine import checkpoint as ckpt
 from cifarflow.job import takeover
 from cifarflow.job import tries
@@ -58,17 +58,18 @@ def test_a_rerun_after_the_controller_died_takes_over_the_live_job(tmp_path):
                          state_of(tmp_path / "reference")["model"])
 
 
-def sbatch(*args) -> str:
+def sbatch(workdir, *args) -> str:
+    """A job named after the test's folder (the cleanup fixture cancels what is left)."""
     return subprocess.run(["sbatch", "--parsable", "-A", CPU_ACCOUNT, "--mem", "50", "-o",
-                           "/dev/null", *args], capture_output=True, text=True,
-                          check=True).stdout.strip()
+                           "/dev/null", "-J", f"{slurm_job_prefix(workdir)}_probe", *args],
+                          capture_output=True, text=True, check=True).stdout.strip()
 
 
 def held_job(workdir, invocation: str | None = None) -> str:
     """A pending job in `workdir`, as Snakemake's plugin submits one (its comment names the
     rule); held, so it uses no CPU. ``invocation``: recorded as that run of the workflow's
     (its controller's JobRecord, in workdir/results); None: submitted by someone else."""
-    job = sbatch("--hold", "-D", str(workdir), "--comment", "rule_train_cpu_wildcards_cpu_1",
+    job = sbatch(workdir, "--hold", "-D", str(workdir), "--comment", "rule_train_cpu_wildcards_cpu_1",
                  "--wrap", "true")
     if invocation:
         JobRecord(str(workdir / "results")).add("job", invocation, job=job,
@@ -100,7 +101,7 @@ def test_a_restart_cancels_what_the_earlier_run_of_the_workflow_left_pending(tmp
     earlier = held_job(tmp_path, "1000.1")
     stranger = held_job(tmp_path)
     time.sleep(2)  # squeue gives submit times in whole seconds
-    ended = sbatch("--wrap", "true")
+    ended = sbatch(tmp_path, "--wrap", "true")
     deadline = time.time() + 300  # the earlier try's job ended: nothing to wait for
     while job_state(ended) != "COMPLETED" and time.time() < deadline:
         time.sleep(0.5)
@@ -125,7 +126,7 @@ def test_a_job_that_will_not_end_is_asked_about_a_handful_of_times_a_minute(tmp_
     """The earlier run of the workflow's try is still alive a minute after the takeover
     (here: not cancelled at all, so on any machine): the take-over asks squeue about it 7
     times in that minute (with a look a second: 62), and once for pending jobs."""
-    live = sbatch("--wrap", "sleep 300")
+    live = sbatch(tmp_path, "--wrap", "sleep 300")
     deadline = time.time() + 120  # a running try (a pending one would be cancelled as such)
     while job_state(live) != "RUNNING" and time.time() < deadline:
         time.sleep(0.2)
