@@ -66,7 +66,8 @@ def cmd_aggregate(a) -> None:
     runs = json.loads(Path(a.runs).read_text())
     aggregate(runs, Path(a.out_dir), Path(a.plots_dir or Path(a.out_dir) / "plots"),
               keep_missing=a.keep_missing, environment=Path(a.env) if a.env else None,
-              study=Path(a.study) if a.study else None)
+              study=Path(a.study) if a.study else None,
+              results=Path(a.results) if a.results else None)
 
 
 def cmd_dashboard(a) -> None:
@@ -162,6 +163,8 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--out-dir", required=True)
     g.add_argument("--plots-dir", default=None)
     g.add_argument("--keep-missing", action="store_true")
+    g.add_argument("--results", default=None, help="the results folder, whose record names "
+                   "the jobs cancelled from outside (default: --out-dir)")
     g.add_argument("--env", default=None, help="environment.json (record-env): the CPU's "
                    "features, for the bf16 advice")
     g.add_argument("--study", default=None, help="the search's study journal (sweep.search): "

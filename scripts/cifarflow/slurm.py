@@ -128,6 +128,24 @@ def job_alive(job: str) -> bool | None:
     return reply.ok and bool(reply.stdout.strip())
 
 
+def queue_states(jobs: list[str]) -> dict[str, str] | None:
+    """squeue's state of each of these jobs slurmctld still lists (ended ones too, while it
+    remembers them: MinJobAge), without accounting: what the controller asks while sacct
+    does not answer. None where squeue does not answer (a slurmctld restart)."""
+    ids = sorted(set(filter(None, jobs)))
+    if not ids:
+        return {}
+    reply = ask(["squeue", "--states=all", "-h", "-j", ",".join(ids), "-o", "%A|%T"])
+    if not reply.ok:
+        return None
+    found = {}
+    for line in reply.stdout.splitlines():
+        job, _, state = line.strip().partition("|")
+        if job in ids and state:
+            found[job] = state.split()[0].rstrip("+")
+    return found
+
+
 def job_state(job: str) -> str | None:
     """The job's state (CANCELLED, OUT_OF_MEMORY, ...); None where unknown."""
     return job_states([job]).get(job)

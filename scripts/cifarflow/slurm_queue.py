@@ -42,7 +42,8 @@ def reset_rpc_counts() -> bool:
 class JobRecord:
     """One results folder's record, JSON lines appended by its controllers: "controller" when
     one took the working directory's lock (its invocation, host, pid, Slurm job, lock files),
-    "job" for each job it submitted (id, rule), "end" when it ended. Jobs only read it."""
+    "job" for each job it submitted (id, rule), "cancelled" for one it saw cancelled from
+    outside (id, rule, who, run), "end" when it ended. Jobs only read it."""
 
     def __init__(self, results: str):
         # absolute: Snakemake goes back to the folder it was started in before its exit
@@ -67,6 +68,12 @@ class JobRecord:
         entries = self.entries() if entries is None else entries
         return {e["job"]: e for e in entries if e["event"] == "job" and
                 (invocations is None or e["invocation"] in invocations)}
+
+    def cancelled(self, entries: list[dict] | None = None) -> dict[str, dict]:
+        """Job id -> its "cancelled" entry: jobs a controller saw cancelled from outside
+        (scancel by someone, not by the workflow): their runs are reported cancelled."""
+        entries = self.entries() if entries is None else entries
+        return {e["job"]: e for e in entries if e["event"] == "cancelled"}
 
     def open_controllers(self, entries: list[dict] | None = None) -> list[dict]:
         """The controllers that took the lock and never said they ended, oldest first."""

@@ -54,5 +54,6 @@ rule summarize_partial:
         PLAN.outputs.write_runs_file(PLAN.outputs.existing_metrics(), output.runs)
         shell(
             "{params.cifarflow} aggregate --runs {output.runs} --out-dir {params.out_dir}"
-            " --plots-dir {params.out_dir}/plots --keep-missing > {log} 2>&1"
+            " --plots-dir {params.out_dir}/plots --keep-missing --results {RESULTS}"
+            " > {log} 2>&1"
         )

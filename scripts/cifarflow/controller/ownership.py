@@ -87,6 +87,11 @@ class Ownership:
         self.submitted[job] = rule
         self.record.add("job", self.invocation, job=job, rule=rule)
 
+    def job_cancelled(self, job: str, rule: str, who: str, run: str = "") -> None:
+        """A job of this workflow was cancelled from outside (snakemake_fixes.
+        notice_outages_and_cancellations): recorded, its run's summary row says cancelled."""
+        self.record.add("cancelled", self.invocation, job=job, rule=rule, by=who, run=run)
+
     def replace_stale_lock(self, say: Callable[[str], None], replace: bool = True,
                            alive=controller_alive) -> list[str]:
         """Lock files a controller of this results folder left when it died: removed (where

@@ -122,8 +122,9 @@ class WorkflowPlan:
         invocation = environ[INVOCATION] = f"{time.time():.0f}.{os.getpid()}"
         self.main_process = True  # a later search round's specs are written here too
         from .snakemake_fixes import (ask_the_scheduler_once, keep_restarted_jobs_ready,
-                                      let_the_site_route, start_jobs_quietly,
-                                      tell_each_submission, tell_when_locked)
+                                      let_the_site_route, notice_outages_and_cancellations,
+                                      start_jobs_quietly, tell_each_submission,
+                                      tell_when_locked)
 
         keep_restarted_jobs_ready()  # retried segments are not lost when a checkpoint finishes
         ask_the_scheduler_once()  # the plugin's constant questions, once
@@ -133,6 +134,8 @@ class WorkflowPlan:
         self.ownership.replace_stale_lock(self.log.warning, replace=training())
         tell_when_locked(self.ownership.lock_taken)
         tell_each_submission(self.ownership.job_submitted)
+        # an accounting outage keeps the jobs; a scancel from outside ends its run, no retry
+        notice_outages_and_cancellations(self.log.warning, self.ownership.job_cancelled)
         self.checks.user_models()
         self.checks.results_dir()
         self.checks.kept_data(environ)

@@ -10,8 +10,9 @@ controller twice, two RPCs each (the configuration and a ping): 4 of a pack job'
 (issue 47). A job's Snakemake never reads that answer: it runs the slurm-jobstep executor.
 Here the plugin's module that asks is loaded first, with MinJobAge "unknown" (None: what
 the plugin itself answers where scontrol fails), and the jobstep's command for the rule
-starts through this file too. Where the plugin's layout differs, Snakemake starts as it
-would have, and asks.
+starts through this file too. Where the plugin's layout differs (a release without the
+module or the function), the job stops with an error naming the package, its release and the
+way out, as controller/snakemake_fixes.py does: a fix never stops applying without a word.
 
 The controller puts this file in the jobs' command (controller/snakemake_fixes.py,
 start_jobs_quietly). It runs as a script, before the engine is on sys.path: it imports
@@ -31,7 +32,7 @@ import runpy  # noqa: E402
 import shlex  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-PLUGIN = "snakemake_executor_plugin_slurm"
+PLUGIN, PACKAGE = "snakemake_executor_plugin_slurm", "snakemake-executor-plugin-slurm"
 ASKING_MODULE = f"{PLUGIN}.job_status_query"  # its get_min_job_age runs scontrol show config
 
 
@@ -40,9 +41,23 @@ def command(python: str = sys.executable) -> str:
     return f"{shlex.quote(python)} {shlex.quote(str(Path(__file__).resolve()))}"
 
 
+def layout_changed(what: str, package: str) -> RuntimeError:
+    """The error of a fix whose target this release lacks (snakemake_fixes.missing's words)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        release = version(package)
+    except PackageNotFoundError:
+        release = "(not installed)"
+    return RuntimeError(f"cifarflow cannot apply its fix to {package} {release}: {what} is not "
+                        "there. Install the release constraints.txt pins (pip install -c "
+                        "constraints.txt ...), or report this")
+
+
 def answer_min_job_age_unknown() -> bool:
     """The plugin's status-query module, loaded before the plugin, its MinJobAge None; False
-    where the plugin is not there or is laid out otherwise (nothing changed then)."""
+    where the plugin is not installed or already loaded (nothing to change); an error where
+    it is laid out otherwise."""
     if ASKING_MODULE in sys.modules:
         return False
     spec = importlib.util.find_spec(PLUGIN)  # finds the package without running it
@@ -50,12 +65,12 @@ def answer_min_job_age_unknown() -> bool:
         return False
     path = Path(list(spec.submodule_search_locations)[0]) / "job_status_query.py"
     if not path.is_file():
-        return False
+        raise layout_changed(ASKING_MODULE, PACKAGE)
     module_spec = importlib.util.spec_from_file_location(ASKING_MODULE, path)
     module = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(module)
     if not callable(getattr(module, "get_min_job_age", None)):
-        return False
+        raise layout_changed(f"{ASKING_MODULE}.get_min_job_age", PACKAGE)
     module.get_min_job_age = lambda: None
     sys.modules[ASKING_MODULE] = module  # the plugin's `from .job_status_query import` finds it
     return True
@@ -65,7 +80,10 @@ def start_through_this_file(executor: type) -> None:
     """``executor``'s command for a job's Snakemake (the Slurm plugin's, in the controller;
     the jobstep's for the rule, in a job) starts it through this file, where the job runs
     this very Python (a shared software deployment); else the command is the executor's."""
-    original = executor.get_python_executable
+    original = getattr(executor, "get_python_executable", None)
+    if original is None:
+        raise layout_changed(f"{executor.__module__}.{executor.__name__}.get_python_executable",
+                             "snakemake-interface-executor-plugins")
     if getattr(original, "through_snakemake_start", False):
         return
 

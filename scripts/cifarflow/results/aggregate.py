@@ -10,15 +10,17 @@ from pathlib import Path
 from .. import slurm
 from ..files import read_jsonl
 from ..job.tries import ended_states
+from ..slurm_queue import JobRecord
 from .accounting import with_accounting
 from .advice import advice, advice_per_run
 from .plots import plot_all
 from .study import describe, load_studies, plot_study, trial_columns
-from .table import COLUMNS, FINISHED, scaling_table, summarize_run
+from .table import COLUMNS, FINISHED, scaling_table, summarize_run, was_cancelled
 
 
 def aggregate(runs: dict, out_dir: Path, plots_dir: Path, keep_missing: bool = False,
-              environment: Path | None = None, study: Path | None = None) -> None:
+              environment: Path | None = None, study: Path | None = None,
+              results: Path | None = None) -> None:
     import pandas as pd
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -26,6 +28,11 @@ def aggregate(runs: dict, out_dir: Path, plots_dir: Path, keep_missing: bool = F
     states = ended_states(Path(run["metrics"]).parent.parent for run in runs.values()
                           if run.get("metrics"))  # one sacct for every run's killed tries
     rows = [summarize_run(name, run, lambda jobs: states) for name, run in runs.items()]
+    cancelled = JobRecord(str(results or out_dir)).cancelled()  # scancel from outside: not retried
+    for row in rows:
+        if row["status"] not in (*FINISHED, "pruned") and \
+                was_cancelled(row["run"], runs[row["run"]], cancelled):
+            row["status"] = "cancelled"
     jobs = [job for row in rows for job in str(row.get("slurm_job_ids") or "").split()]
     with_accounting(rows, slurm.job_accounting(jobs))  # one sacct for every run's jobs
     bad = [r["run"] for r in rows if r["status"] not in (*FINISHED, "pruned")]

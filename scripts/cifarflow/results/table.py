@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..early_stop import EarlyStop
 from ..files import read_jsonl
-from ..job.tries import tries_of
+from ..job.tries import recorded, tries_of
 
 COLUMNS = ["run", "strategy", "device", "model", "batch_size", "world_size", "cpus_per_task",
            "epochs", "amp", "augment", "label_smoothing",
@@ -107,6 +107,17 @@ def summarize_run(name: str, run: dict, states_of=None) -> dict:
                        "diverged" if str(row["early_stop"]).startswith(DIVERGED) else
                        "early_stopped" if row["early_stop"] else "incomplete"),
             "pruned_at": run.get("pruned_at"), "cores": cores}
+
+
+def was_cancelled(name: str, run: dict, cancelled: dict[str, dict]) -> bool:
+    """Whether a job of this run was cancelled from outside (``cancelled``: the controller's
+    record, slurm_queue.JobRecord.cancelled): named by its run, or a try's job (a pack's)."""
+    if any(e.get("run") == name for e in cancelled.values()):
+        return True
+    path = run.get("metrics")
+    if not path or not cancelled:
+        return False
+    return any(t["job_id"] in cancelled for t in recorded(Path(path).parent.parent, None, ""))
 
 
 def used_vs_requested(tries: list[dict], res: dict) -> dict:
