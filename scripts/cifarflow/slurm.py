@@ -130,18 +130,18 @@ def job_alive(job: str) -> bool | None:
 
 def queue_states(jobs: list[str]) -> dict[str, str] | None:
     """squeue's state of each of these jobs slurmctld still lists (ended ones too, while it
-    remembers them: MinJobAge), without accounting: what the controller asks while sacct
-    does not answer. None where squeue does not answer (a slurmctld restart)."""
+    remembers them: MinJobAge), without accounting. None where squeue does not answer (a
+    slurmctld restart); {} where it knows none of them (it then refuses the ids)."""
     ids = sorted(set(filter(None, jobs)))
     if not ids:
         return {}
     reply = ask(["squeue", "--states=all", "-h", "-j", ",".join(ids), "-o", "%A|%T"])
     if not reply.ok:
-        return None
+        return {} if "Invalid job id" in reply.stderr else None
     found = {}
     for line in reply.stdout.splitlines():
         job, _, state = line.strip().partition("|")
-        if job in ids and state:
+        if job in ids and state.split():
             found[job] = state.split()[0].rstrip("+")
     return found
 
@@ -157,17 +157,16 @@ def job_states(jobs: list[str]) -> dict[str, str]:
     (MinJobAge). A job neither names is left out. Keyed by the unique id (an array task's
     own, as SLURM_JOB_ID gives it)."""
     found: dict[str, str] = {}
-    asks = ((lambda ids: ["sacct", "-X", "-P", "-n", "-j", ids, "-o", "JobIDRaw,State"], "|"),
-            (lambda ids: ["squeue", "--states=all", "-h", "-j", ids, "-o", "%A %T"], " "))
-    for argv, sep in asks:
-        left = sorted(set(filter(None, jobs)) - set(found))  # squeue: what sacct lacks
-        if not left:
-            break
-        for line in ask(argv(",".join(left))).stdout.splitlines():
-            job, _, state = line.strip().partition(sep)
-            if job in left and state.split():
-                found[job] = state.split()[0].rstrip("+")  # "CANCELLED by 0" -> CANCELLED
-    return found
+    wanted = sorted(set(filter(None, jobs)))
+    if not wanted:
+        return found
+    for line in ask(["sacct", "-X", "-P", "-n", "-j", ",".join(wanted), "-o",
+                     "JobIDRaw,State"]).stdout.splitlines():
+        job, _, state = line.strip().partition("|")
+        if job in wanted and state.split():
+            found[job] = state.split()[0].rstrip("+")  # "CANCELLED by 0" -> CANCELLED
+    left = [job for job in wanted if job not in found]  # squeue: what sacct lacks
+    return {**found, **(queue_states(left) or {})} if left else found
 
 
 # what a finished job used and asked, per job and step (results/accounting.py parses it)

@@ -111,7 +111,7 @@ def test_a_results_trees_killed_tries_are_one_question(tmp_path, counted):
         # submitted a moment ago may not have reached the accounting database)
         assert calls[0] == f"sacct -X -P -n -j {jobs} -o JobIDRaw,State", calls
         assert len(calls) <= 2 and all(c.startswith("squeue --states=all -h -j ") and
-                                       c.endswith(" -o %A %T") for c in calls[1:]), calls
+                                       c.endswith(" -o %A|%T") for c in calls[1:]), calls
         with open(results / "summary.csv") as f:
             rows = {r["run"]: r for r in csv.DictReader(f)}
         assert {run: rows[run]["try_ends"] for run in rows} == {

@@ -85,7 +85,7 @@ def test_the_default_timeout_applies_to_every_query(fake_bin, monkeypatch):
 
 def test_job_queries_run_one_command_line_each(fake_bin):
     fake_bin("squeue", 'case "$*" in\n'
-                       '  *--states=all*) echo "12 CANCELLED";;\n'
+                       '  *--states=all*) echo "12|CANCELLED";;\n'
                        '  *%T*) echo RUNNING;;\n'
                        'esac')
     # scontrol's record of a running job, as 22.05 prints it (trimmed)
@@ -101,7 +101,7 @@ def test_job_queries_run_one_command_line_each(fake_bin):
     assert slurm.cancel("12").ok
     assert fake_bin.calls() == [
         "scontrol show job 12", "squeue -h -j 12 -o %T",
-        "squeue --states=all -h -j 12 -o %A %T", "scontrol show job 12", "scancel 12"]
+        "squeue --states=all -h -j 12 -o %A|%T", "scontrol show job 12", "scancel 12"]
 
 
 def test_callers_read_slurm_through_the_module(fake_bin, monkeypatch, tmp_path):
@@ -129,11 +129,11 @@ def test_the_states_of_many_jobs_are_one_question(fake_bin):
     """sacct once for all; squeue once, for the jobs sacct does not name (all of them where
     there is no accounting); a job neither knows is left out."""
     fake_bin("sacct", 'echo "7|OUT_OF_MEMORY"; echo "8|CANCELLED by 0"')
-    fake_bin("squeue", 'echo "9 TIMEOUT"; echo "10 FAILED"')
+    fake_bin("squeue", 'echo "9|TIMEOUT"; echo "10|FAILED"')
     assert slurm.job_states(["9", "8", "7", "11", "8", ""]) == {
         "7": "OUT_OF_MEMORY", "8": "CANCELLED", "9": "TIMEOUT"}  # 10: not asked for
     assert fake_bin.calls() == ["sacct -X -P -n -j 11,7,8,9 -o JobIDRaw,State",
-                                "squeue --states=all -h -j 11,9 -o %A %T"]
+                                "squeue --states=all -h -j 11,9 -o %A|%T"]
     assert slurm.job_states([]) == {} and len(fake_bin.calls()) == 2  # nothing to ask
 
 
