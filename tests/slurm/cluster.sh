@@ -22,6 +22,8 @@
 #   tests/slurm/cluster.sh status         # sinfo + squeue; exit 0 if every node is up
 #   tests/slurm/cluster.sh kill-node n1   # power loss of n1: SIGKILL everything on it
 #                                         # (`start` brings it back)
+#   tests/slurm/cluster.sh stop-accounting  # an accounting outage: slurmdbd stopped
+#                                         # (`start` brings it back)
 #
 # Needs root. No systemd: daemons are started by hand.
 # Env knobs:
@@ -678,6 +680,11 @@ cmd_stop() {
     log "stopped"
 }
 
+cmd_stop_accounting() { # an accounting outage: slurmdbd stopped (`start` brings it back)
+    need_root
+    kill_and_wait slurmdbd "$DBD_PID"
+}
+
 cmd_status() {
     local rc=0 n
     sinfo || rc=1
@@ -696,5 +703,6 @@ case ${1:-} in
     stop)   cmd_stop ;;
     status) cmd_status ;;
     kill-node) cmd_kill_node "${2:-}" ;;
-    *) echo "usage: $0 {start|stop|status|kill-node NODE}" >&2; exit 2 ;;
+    stop-accounting) cmd_stop_accounting ;;
+    *) echo "usage: $0 {start|stop|status|kill-node NODE|stop-accounting}" >&2; exit 2 ;;
 esac

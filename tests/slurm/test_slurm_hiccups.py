@@ -1,0 +1,82 @@
+"""The site's hiccups cost nothing (issue 55), through profiles/slurm as a user types it:
+
+- a job of the sweep cancelled with `scancel` from outside is named at the next status
+  check (its id, rule, who cancelled), not retried, and the workflow ends without waiting
+  for it (it waited forever: the plugin took `CANCELLED by 0` for a running job);
+- slurmdbd stopped in the middle of a 2-segment sweep (an accounting outage, these tests
+  change the whole cluster: the Slurm tests run one at a time) and started again: the
+  controller says once that accounting does not answer and once that it answers again, and
+  the sweep ends with every row ok and no extra try (it stopped submitting for good)."""
+
+import os
+import re
+import signal
+import subprocess
+import time
+
+import pytest
+
+from conftest import (ROOT, SLURM_RUNS, self_stopped, slurm_job_prefix, slurm_jobs,
+                      start_snakemake, stop_at, summary_rows, sweep_config)
+from test_slurm import profile_args
+
+pytestmark = pytest.mark.slurm
+CLUSTER = ROOT / "tests" / "slurm" / "cluster.sh"
+
+
+def start(tmp_path, config, **env):
+    proc = start_snakemake(tmp_path, *profile_args(tmp_path), configfile=[config], env=env)
+    SLURM_RUNS.append(proc)
+    return proc
+
+
+def running_train_job(prefix: str, pid: int) -> str:
+    """The Slurm job of the training process ``pid`` (its SLURM_JOB_ID)."""
+    environ = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+    ids = [e.split(b"=", 1)[1].decode() for e in environ if e.startswith(b"SLURM_JOB_ID=")]
+    assert ids and ids[0] in slurm_jobs(prefix), (ids, slurm_jobs(prefix))
+    return ids[0]
+
+
+def test_a_job_cancelled_from_outside_is_named_and_not_waited_for(tmp_path):
+    config = sweep_config(tmp_path / "sweep.yaml", runs=2, runs_per_job=1)
+    marker = tmp_path / "stopped.pid"
+    proc = start(tmp_path, config, **stop_at("before-first-batch", "segment-1", marker))
+    frozen = self_stopped(marker, proc)
+    job = running_train_job(slurm_job_prefix(tmp_path), frozen)
+    subprocess.run(["scancel", job], check=True)
+    out = proc.communicate(timeout=600)[0]  # it ends: no wait on the cancelled job
+    assert proc.returncode != 0, out[-3000:]
+    assert re.search(rf"Slurm job {job} \(train_cpu_wildcards_\S+_1\) was cancelled by root "
+                     r"\(uid 0\), not by this workflow: its run is reported cancelled and not "
+                     r"retried", out), out[-4000:]
+    assert not list((tmp_path / "results/logs/train").glob("*/segment-1.attempt2.log"))
+
+
+@pytest.fixture
+def accounting_outage():
+    """Stops slurmdbd when called; starts the cluster's daemons again after the test."""
+    def stop():
+        subprocess.run(["bash", CLUSTER, "stop-accounting"], check=True, capture_output=True)
+
+    yield stop
+    subprocess.run(["bash", CLUSTER, "start"], check=True, capture_output=True)
+
+
+def test_an_accounting_outage_is_ridden_out(tmp_path, accounting_outage):
+    config = sweep_config(tmp_path / "sweep.yaml", runs=2, runs_per_job=1)
+    marker = tmp_path / "stopped.pid"
+    proc = start(tmp_path, config, **stop_at("before-first-batch", "segment-1", marker))
+    frozen = self_stopped(marker, proc)
+    accounting_outage()
+    time.sleep(20)  # several status checks (1 s apart) meet no accounting
+    os.kill(frozen, signal.SIGCONT)
+    time.sleep(20)  # the first segments end while accounting is down
+    subprocess.run(["bash", CLUSTER, "start"], check=True, capture_output=True)
+    out = proc.communicate(timeout=900)[0]
+    assert proc.returncode == 0, out[-4000:]
+    assert out.count("Slurm's accounting (the status command, sacct) does not answer") == 1
+    assert "Slurm's accounting answers again" in out, out[-4000:]
+    rows = summary_rows(tmp_path)
+    assert len(rows) == 2 and {r["status"] for r in rows.values()} == {"ok"}, rows
+    assert {r["attempts"] for r in rows.values()} == {"2"}  # 2 segments, one try each
