@@ -90,7 +90,7 @@ def test_a_check_whose_budget_runs_out_writes_its_report_and_leaves_nothing(tmp_
     """A budget too short for the first case: it is cut off, the cases after it are not
     started, the report names each, the check ends within its budget and no process of
     it is left."""
-    budget = 24  # the check's start and the data, then a few seconds for the first case
+    budget = 30  # the check's start and the data, then a few seconds for the first case
     t0 = time.monotonic()  # each case first sleeps 60 s: the first outlasts the budget
     out = subprocess.run([PY, "bench/gpu_check.py", "--cpu-smoke", "--budget", str(budget),
                           "--stages", "figures", "--out", str(tmp_path)], cwd=ROOT,
