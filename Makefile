@@ -41,7 +41,7 @@ lint: $(DEV_STAMP)  ## snakefmt, and snakemake --lint but its one accepted findi
 	$(VENV)/bin/snakefmt --check Snakefile workflow/rules
 	$(PY) tests/lint_workflow.py
 
-test: lint debian-packages  ## the whole suite (starts the test Slurm cluster: this host plus two namespaced nodes)
+test: lint debian-packages  ## the whole suite (starts the test Slurm cluster: this host plus two namespaced nodes; tests/gpu where CUDA is)
 	bash tests/slurm/cluster.sh start
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH PYTHON=$(PY) bash tests/suite.sh
 
@@ -55,7 +55,7 @@ GPU_PYTHON ?= python3
 GPU_BUDGET ?= 480
 # any Python with pip: the venv's where there is one
 BUNDLE_PYTHON ?= $(shell test -x $(PY) && echo $(PY) || echo python3)
-gpu-check:  ## on a GPU machine with torch + CUDA (no venv, no snakemake, no index): the goal figures, the strategies, the gpu tests, within GPU_BUDGET s (bench/gpu_check.py)
+gpu-check:  ## on a GPU machine with torch + CUDA (no venv, no snakemake, no index): the goal figures, the gpu tests, the strategies, within GPU_BUDGET s (bench/gpu_check.py; --plan: the caps)
 	$(GPU_PYTHON) bench/gpu_check.py --budget $(GPU_BUDGET)
 
 gpu-bundle:  ## where pip reaches an index: pytest & co. (pure-Python wheels) into bench/gpu_bundle, which gpu-check uses

@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 
 GRACE_S = 5.0  # SIGTERM -> SIGKILL: a launcher's own clean-up (torchrun, mps-run)
+KILL_WAIT_S = 5.0  # after SIGKILL: a process stuck in the driver may outlive it; go on
+MPS_ANSWER_S = 10.0  # an MPS control daemon and its server answer within this, or not at all
 
 
 class Budget:
@@ -70,10 +72,19 @@ def end_group(pgid: int, wait_s: float = GRACE_S) -> int:
     while group_members(pgid) and time.monotonic() < deadline:
         time.sleep(0.1)
     signal_group(pgid, signal.SIGKILL)
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + KILL_WAIT_S
     while group_members(pgid) and time.monotonic() < deadline:
         time.sleep(0.05)
     return len(left)
+
+
+def reap(proc: subprocess.Popen) -> int | None:
+    """The killed leader's exit status, waited for KILL_WAIT_S at most (a process in
+    uninterruptible sleep, in the driver, survives SIGKILL): None if it is still there."""
+    try:
+        return proc.wait(timeout=KILL_WAIT_S)
+    except subprocess.TimeoutExpired:
+        return None
 
 
 def quit_mps_daemons(roots: list[str]) -> list[str]:
@@ -94,6 +105,46 @@ def quit_mps_daemons(roots: list[str]) -> list[str]:
     return quit_
 
 
+def mps_problem(timeout_s: float = MPS_ANSWER_S) -> str | None:
+    """Why an MPS case cannot start here, found in seconds, or None: the control binary
+    missing, or a private daemon (in a folder of its own) or its server not answering
+    within ``timeout_s``. The probe's daemon is told to quit either way."""
+    import tempfile
+
+    if not shutil.which("nvidia-cuda-mps-control"):
+        return "nvidia-cuda-mps-control not found (no NVIDIA MPS on this machine)"
+    base = tempfile.mkdtemp(prefix="mps-probe-")
+    env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": os.path.join(base, "pipe"),
+           "CUDA_MPS_LOG_DIRECTORY": os.path.join(base, "log")}
+    for d in ("pipe", "log"):
+        os.makedirs(os.path.join(base, d))
+
+    def ask(command: str | None, what: str) -> str | None:
+        argv, given = (["nvidia-cuda-mps-control", "-d"], None) if command is None else \
+            (["nvidia-cuda-mps-control"], f"{command}\n".encode())
+        try:
+            done = subprocess.run(argv, input=given, env=env, capture_output=True,
+                                  timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return f"the MPS {what} did not answer within {timeout_s:g} s"
+        if done.returncode != 0:
+            said = (done.stderr or done.stdout).decode(errors="replace").strip()[-200:]
+            return f"the MPS {what} failed (rc {done.returncode}): {said or 'no output'}"
+        return None
+
+    try:
+        return (ask(None, "control daemon (nvidia-cuda-mps-control -d)")
+                or ask(f"start_server -uid {os.getuid()}", "server (start_server)")
+                or ask("get_server_list", "server list (get_server_list)"))
+    finally:
+        try:
+            subprocess.run(["nvidia-cuda-mps-control"], input=b"quit\n", env=env,
+                           capture_output=True, timeout=timeout_s)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        shutil.rmtree(base, ignore_errors=True)
+
+
 def run_bounded(argv: list[str], log: Path, env: dict, limit_s: float, cwd: Path) -> dict:
     """``argv`` in a session of its own, its output in ``log``, ended with its whole group at
     ``limit_s``. Returns rc ("timeout" when cut off), wall_s, pgid and strays (processes of
@@ -109,11 +160,15 @@ def run_bounded(argv: list[str], log: Path, env: dict, limit_s: float, cwd: Path
         except subprocess.TimeoutExpired:
             rc = "timeout"
             strays = end_group(proc.pid)
-            proc.wait()
+        if reap(proc) is None:  # bounded: the leader itself is stuck past SIGKILL
+            rc = "stuck"
+        stuck = group_members(proc.pid)
     daemons = quit_mps_daemons([env.get("TMPDIR", ""), env.get("SLURM_TMPDIR", "")])
     row = {"rc": rc, "wall_s": round(time.monotonic() - t0, 1), "pgid": proc.pid}
     if strays and rc != "timeout":
         row["strays_killed"] = strays
+    if stuck:  # the check goes on; the report says what the next cases may share the GPU with
+        row["stuck_after_kill"] = stuck
     if daemons:
         row["mps_daemons_stopped"] = daemons
     return row

@@ -3,20 +3,26 @@
 repository on a machine with torch + CUDA and pyyaml (no snakemake, no package index).
 
     make gpu-check                                   # python3 bench/gpu_check.py --budget 480
+    python3 bench/gpu_check.py --plan --budget 480   # each case's estimate and cap (any machine)
     python3 bench/gpu_check.py --budget 300 --out /scratch/me/gpu_check
     python3 bench/gpu_check.py --cpu-smoke --budget 120   # every case named, those CPU can run
 
 Stages, in this order (bench/gpu_cases.py lists the cases):
 
-  figures     the goal figures: lenet fused K = 16/32/64 (shared and own batches) against one
-              at a time, resnet18 fused against alone (bench/gpu_sweep.py), the engine's step
-              against a hand-written loop in both modes (bench/gpu_step.py); then MPS-shared
-  strategies  every strategy through the real cli and its launcher: img/s, GPU utilisation
+  figures     the goal figures: lenet fused K = 16 and 64 (shared and own batches) against
+              one at a time, resnet18 fused against alone (bench/gpu_sweep.py), the engine's
+              step against a hand-written loop in both modes (bench/gpu_step.py); then MPS
   tests       pytest -m gpu tests/gpu: the CUDA paths no CPU test reaches
+  strategies  the strategies no figure runs, through the real cli and its launcher
 
-Each case runs in a process group of its own, bounded by its cap and what is left of the
-budget; at its limit the whole group ends (bench/gpu_bounded.py), so nothing of it trains on
-into the next case; a case the budget no longer fits is reported as not run. After every
+The data sets are built once, before the first case. Each case's cap is 1.5x its estimated
+cost on an H100 (gpu_cases.py's cost model; bench/README.md), and the caps add up to 80 % of
+--budget at most (--plan shows it). Each case runs in a process group of its own, bounded by
+its cap and what is left of the budget; at its limit the whole group ends, with a bounded
+wait after every kill (bench/gpu_bounded.py), so nothing of it trains on into the next case;
+a case the budget no longer fits is reported as not run, one that cannot start (MPS absent or
+not answering within 10 s) fails at once saying why. The goals table is printed on standard
+output when the figures stage ends, and again at the end. After every
 case gpu_check.json and gpu_check.md are rewritten in --out (bench/out), the goals beside the
 figures. A failed, cut-off or unrun case, and a skipped gpu test (a missing dependency: its
 reason is in the report), fail the check, except that --cpu-smoke accepts skips and marks the
@@ -74,6 +80,45 @@ def missing_tools(smoke: bool, pytest_found: str | None) -> list[str]:
     return missing
 
 
+PLAN_SHARE = 0.8  # the caps' sum against the budget: the rest is starts, reports, slack
+
+
+def plan(cases: list[Case], budget: float) -> tuple[str, bool]:
+    """The table of every case with its estimate and cap, and the sum against the budget;
+    and whether the caps fit PLAN_SHARE of it."""
+    rows = ["| stage | case | estimate on an H100 (s) | cap (s) | arithmetic |",
+            "| --- | --- | ---: | ---: | --- |"]
+    rows += [f"| {c.stage} | {c.name} | {c.estimate_s:.1f} | {c.cap_s:.0f} | {c.estimate[1]} |"
+             for c in cases]
+    estimate, caps = sum(c.estimate_s for c in cases), sum(c.cap_s for c in cases)
+    fits = caps <= PLAN_SHARE * budget
+    rows += ["", f"{len(cases)} cases: estimates {estimate:.0f} s, caps {caps:.0f} s = "
+             f"{100 * caps / budget:.0f} % of the {budget:.0f} s budget (at most "
+             f"{100 * PLAN_SHARE:.0f} %: {PLAN_SHARE * budget:.0f} s): "
+             + ("fits" if fits else "DOES NOT FIT"),
+             "The data sets are built before the first case, outside the caps, inside the "
+             "rest of the budget (with the Python start and the reports)."]
+    return "\n".join(rows), fits
+
+
+def build_data(cases: list[Case]) -> float:
+    """Every data set the cases read, built once (synthetic, CIFAR format) before the first
+    case, outside their caps; seconds it took."""
+    from cifarflow import data as cdata
+
+    t0 = time.monotonic()
+    for root, images, test_images in dict.fromkeys(d for c in cases if c.argv for d in c.data):
+        if (root / "cifar-10-batches-py").is_dir():
+            continue
+        making = root.with_name(root.name + ".making")  # a check cut off leaves no half of it
+        shutil.rmtree(making, ignore_errors=True)
+        archive = cdata.prepare_archive("synthetic", making, synthetic={
+            "train_size": images, "test_size": test_images})
+        cdata.extract_archive(archive, making)
+        making.rename(root)
+    return time.monotonic() - t0
+
+
 def run_case(case: Case, report: Report, budget: Budget, env: dict, out: Path,
              smoke: bool) -> bool:
     """One case, bounded; its row (figures, or why it failed or did not run) into the
@@ -85,11 +130,16 @@ def run_case(case: Case, report: Report, budget: Budget, env: dict, out: Path,
     if case.missing:
         report.add({**row, "result": f"FAILED: not run: {case.missing}", "wall_s": 0.0})
         return True
-    if budget.limit(case.cap_s) < MIN_CASE_S:
+    cap = budget.seconds if smoke else case.cap_s  # the caps are a GPU's; CPU takes longer
+    if budget.limit(cap) < MIN_CASE_S:
         report.add({**row, "result": f"FAILED: not run: budget spent ({budget.left():.0f} s "
                     "left)", "wall_s": 0.0})
         return True
     row["ran"] = case.ran
+    problem = None if smoke or not case.precheck else case.precheck()
+    if problem:
+        report.add({**row, "result": f"FAILED: cannot start: {problem}", "wall_s": 0.0})
+        return True
     try:
         argv = [str(a) for a in case.argv()]  # a strategy's planning and data: budget time
     except Exception as exc:  # noqa: BLE001  (its plan refused, its data not made)
@@ -99,7 +149,7 @@ def run_case(case: Case, report: Report, budget: Budget, env: dict, out: Path,
     hold = os.environ.get(HOLD_ENV)  # tests: a case that outlasts any budget, on any machine
     if hold:
         argv = ["sh", "-c", f'sleep {float(hold)}; exec "$@"', "sh", *argv]
-    limit = max(0.1, budget.limit(case.cap_s))
+    limit = max(0.1, budget.limit(cap))
     log = out / "logs" / f"{case.stage}-{case.slug}.log"
     # the case's own TMPDIR, short (an MPS daemon's pipes go there: a socket path has 108
     # characters at most), removed after it
@@ -116,7 +166,10 @@ def run_case(case: Case, report: Report, budget: Budget, env: dict, out: Path,
         case.read(row, text, smoke)  # its figures, or why they are missing
     except Exception as exc:  # noqa: BLE001  (a case's outputs absent or malformed)
         row.setdefault("error", f"{type(exc).__name__}: {exc}")
-    if outcome["rc"] == "timeout":
+    if outcome["rc"] == "stuck":
+        row["result"] = (f"FAILED: its process outlived SIGKILL (stuck in the driver?): "
+                         f"{outcome.get('stuck_after_kill')}")
+    elif outcome["rc"] == "timeout":
         row["result"] = f"FAILED: cut off at {limit:.0f} s"
     elif outcome["rc"] != 0:
         row["error"] = text[-1500:]
@@ -139,9 +192,15 @@ def main() -> None:
                     "every case named, those CPU cannot run marked")
     ap.add_argument("--bundle", type=Path, default=gpu_bundle.DEFAULT,
                     help="the pure-Python wheels the check brings (make gpu-bundle)")
-    ap.add_argument("--stages", nargs="+", default=["figures", "strategies", "tests"],
-                    choices=["figures", "strategies", "tests"])
+    ap.add_argument("--stages", nargs="+", default=["figures", "tests", "strategies"],
+                    choices=["figures", "tests", "strategies"])
+    ap.add_argument("--plan", action="store_true", help="print every case with its estimate "
+                    "and cap and their sum against --budget, and exit (any machine)")
     a = ap.parse_args()
+    if a.plan:
+        table, fits = plan(all_cases(False, 1, a.out.resolve(), a.stages, "pytest"), a.budget)
+        print(table)
+        sys.exit(0 if fits else 1)
     budget = Budget(a.budget, STARTED)
     site = gpu_bundle.activate(a.bundle)
 
@@ -170,10 +229,17 @@ def main() -> None:
     report = Report(out, header, missing_tools(smoke, pytest_found))
     print(f"{device}, torch {torch.__version__}, CUDA {torch.version.cuda}, budget "
           f"{a.budget:.0f} s, pytest from {pytest_found}", flush=True)
+    cases = all_cases(smoke, gpus, out, a.stages, pytest_found)
+    took = build_data(cases)
+    print(f"data: every case's data set built in {took:.1f} s", flush=True)
     failed = 0
-    for case in all_cases(smoke, gpus, out, a.stages, pytest_found):
+    for i, case in enumerate(cases):
         failed += run_case(case, report, budget, env, out, smoke)
+        if case.stage == "figures" and (i + 1 == len(cases) or cases[i + 1].stage != "figures"):
+            print("\n" + report.goals_text() + "\n", flush=True)  # before anything can cut it off
     report.write()
+    if "figures" in a.stages:
+        print("\n" + report.goals_text(), flush=True)
     print(f"\nwrote {out / 'gpu_check.md'}: {len(report.rows)} case(s), {failed} failed, "
           f"{time.monotonic() - STARTED:.0f} s of {a.budget:.0f}")
     sys.exit(1 if failed else 0)

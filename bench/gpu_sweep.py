@@ -5,9 +5,12 @@ Every case runs the project's own commands on the project's own data format: `ci
 train` for one run, M of them at once under one private MPS daemon (`cifarflow mps-run`),
 `cifarflow train-fused` for a fused pack: whole segments with metrics and checkpoints.
 
-Aggregate images/s = the sum, over the runs that train at the same time, of each run's
-mean ``images_per_sec`` over its steady epochs (2 onwards; epoch 1 is the warm-up: CUDA
-context, cuDNN autotuning); for one at a time it is the mean of the runs' figures.
+Aggregate images/s = the sum, over the members of a fused pack, of each one's mean
+``images_per_sec`` over its steady epochs (2 onwards; epoch 1 is the warm-up: CUDA context,
+cuDNN autotuning: the members share one clock); for runs side by side in processes of their
+own (MPS), the images of their steady epochs over the union of those epochs' training
+windows (started_at..ended_at in metrics.jsonl), with the share of it in which all trained
+at once ("overlap"); for one at a time it is the mean of the runs' figures.
 
     python bench/gpu_sweep.py                 # CUDA: 50,000 images, lenet bs 512 + resnet18
     python bench/gpu_sweep.py --small         # CPU-sized: 4,000 images, K up to 8
@@ -93,6 +96,30 @@ def steady(results: Path, run: str) -> float:
     return statistics.mean(r["images_per_sec"] for r in steady_epochs(results, run))
 
 
+def side_by_side(results: Path, runs) -> dict:
+    """Runs that trained at the same time, counted over the union of their steady epochs'
+    training windows (each record's started_at..ended_at): images / union seconds, so
+    a replica that trained while the others had not started (or had finished) is counted
+    as the time it took, not as a rate that adds to theirs; and the share of that union in
+    which every run trained at once."""
+    windows, images = [], 0.0
+    for run in runs:
+        for r in steady_epochs(results, run):
+            windows.append((r["started_at"], r["ended_at"]))
+            images += r["images_per_sec_per_rank"] * r["wall_s"]
+    union = together = 0.0
+    events = sorted([(a, 1) for a, _ in windows] + [(b, -1) for _, b in windows])
+    training, last = 0, None
+    for t, step in events:
+        if last is not None and training:
+            union += t - last
+            if training == len(runs):
+                together += t - last
+        training, last = training + step, t
+    return {"images_per_sec": images / union, "union_s": round(union, 2),
+            "overlap": round(together / union, 3)}
+
+
 def run_case(case: str, device: str, batches: Path, args) -> dict:
     model, _, how = case.rpartition("/")
     model = model or "lenet"
@@ -102,6 +129,7 @@ def run_case(case: str, device: str, batches: Path, args) -> dict:
     subprocess.run(["rm", "-rf", str(results)], check=True)
     runs = plan(results, model, count if kind != "alone" else args.alone_runs, device, args)
     t0 = time.perf_counter()
+    extra = {}
     if kind == "alone":
         for run in runs:
             subprocess.run(train_argv(results, batches, run, args.threads), env=ENV, check=True,
@@ -116,8 +144,12 @@ def run_case(case: str, device: str, batches: Path, args) -> dict:
                             "exit $failed"])
         prefix = ([sys.executable, "-m", "cifarflow", "mps-run", "--replicas", str(count), "--"]
                   if device == "cuda" else [])
-        subprocess.run(prefix + ["bash", "-c", script], env=ENV, check=True)
-        images_per_sec = sum(steady(results, run) for run in runs)
+        # every replica's first batch once all have CUDA up, the model built and the data in
+        barrier = f"{results / 'start-barrier'}:{count}"
+        subprocess.run(prefix + ["bash", "-c", script], check=True,
+                       env={**ENV, "CIFARFLOW_START_BARRIER": barrier})
+        extra = side_by_side(results, runs)  # not the sum of rates: skewed runs would add up
+        images_per_sec = extra.pop("images_per_sec")
     else:
         options = kind.split("-")[1:]
         mode = next((o for o in options if o in ("vmap", "loop")), "auto")
@@ -135,7 +167,8 @@ def run_case(case: str, device: str, batches: Path, args) -> dict:
             raise SystemExit(f"{case}: members failed: {failed}")
         images_per_sec = sum(steady(results, run) for run in runs)
     return {"case": case, "model": model, "kind": kind, "runs_at_once": count if kind != "alone" else 1,
-            "images_per_sec": round(images_per_sec), "wall_s": round(time.perf_counter() - t0, 1)}
+            "images_per_sec": round(images_per_sec), "wall_s": round(time.perf_counter() - t0, 1),
+            **extra}
 
 
 def main() -> None:

@@ -4,7 +4,8 @@
 # fill the partitions), so they run one after another; they mostly wait on Slurm's timers,
 # which leaves the CPUs to tests/unit and tests/integration beside them. The Slurm half's
 # output goes to a log, printed whole when both halves are done; the exit status fails if
-# either half fails.
+# either half fails. tests/gpu runs after tests/unit and tests/integration where CUDA is
+# available (a skip there fails the suite); elsewhere one line says it was not run.
 set -u
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-.venv/bin/python}
@@ -22,6 +23,16 @@ echo "tests/slurm runs beside this half of the suite: tail -f $log"
 
 "$PYTHON" -m pytest -v --durations=15 tests/unit tests/integration
 rest=$?
+
+# tests/gpu where there is a GPU, and then a skip (a missing tool or package) fails it
+if "$PYTHON" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+    CIFARFLOW_GPU_SKIP_FAILS=1 "$PYTHON" -m pytest -v -rs -m gpu tests/gpu
+    gpu=$?
+    [ "$gpu" -eq 0 ] || rest=1
+else
+    gpu="not run"
+    echo "tests/gpu: not run (no CUDA GPU here: torch.cuda.is_available() is False)"
+fi
 wait $slurm_pid
 slurm=$?
 
@@ -29,5 +40,5 @@ echo
 echo "==================== tests/slurm (ran beside the above; $log) ===================="
 cat "$log"
 echo
-echo "tests/unit + tests/integration: exit $rest; tests/slurm: exit $slurm"
+echo "tests/unit + tests/integration (+ tests/gpu: $gpu): exit $rest; tests/slurm: exit $slurm"
 [ "$rest" -eq 0 ] && [ "$slurm" -eq 0 ]

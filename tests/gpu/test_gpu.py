@@ -144,6 +144,50 @@ def test_an_augmented_fused_step_waits_for_the_host_nowhere(cifar_dir, seeds):
     assert torch.isfinite(losses).all() and losses.shape == hits.shape == (len(seeds) * 2,)
 
 
+@pytest.mark.parametrize("foreach", [True, False], ids=["foreach", "for-loop"])
+def test_a_resumed_adam_step_waits_for_the_host_nowhere(tmp_path, foreach):
+    """Adam on the GPU, saved and resumed through the strategy's checkpointer: its ``step``
+    stays on the CPU (where torch keeps it for a non-fused Adam), so the resumed step does
+    not read it back from the GPU (issue 58: ~20 syncs a step for lenet when it was mapped
+    onto the device). ``set_sync_debug_mode("error")`` raises at the first sync."""
+    from cifarflow.engine.models import build_model
+    from cifarflow.engine.strategies import get_strategy
+
+    strategy = get_strategy("gpu")(plain_config(optimizer="adam"), 2)
+    strategy.setup()
+    x = torch.randn(64, 3, 32, 32, device=strategy.device)
+    y = torch.randint(0, 10, (64,), device=strategy.device)
+
+    def step(model, optimizer):
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    def built():
+        model = build_model("lenet").to(strategy.device)
+        return model, torch.optim.Adam(model.parameters(), lr=1e-3, foreach=foreach)
+
+    model, optimizer = built()
+    step(model, optimizer)
+    checkpointer = strategy.checkpointer()
+    checkpointer.save(tmp_path / "ckpt", {"model": strategy.model_state(model), "optimizer":
+                                         strategy.optimizer_state(model, optimizer),
+                                         "trainer": {}}, {}, {})
+    model, optimizer = built()
+    state = checkpointer.load(tmp_path / "ckpt", {})
+    strategy.load_model_state(model, state["model"])
+    strategy.load_optimizer_state(model, optimizer, state["optimizer"])
+    assert {s["step"].device.type for s in optimizer.state.values()} == {"cpu"}
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        step(model, optimizer)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    strategy.teardown()
+
+
 def test_two_gpu_segments_equal_one_bit_for_bit(cifar_dir, tmp_path):
     """CUDA RNG state and the device-resident data through a checkpoint: epoch 1, then
     epoch 2 from it, equals 2 epochs in one go (deterministic mode)."""

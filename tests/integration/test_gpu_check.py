@@ -6,6 +6,7 @@ the bundle alone is enough to run pytest."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -89,7 +90,7 @@ def test_a_check_whose_budget_runs_out_writes_its_report_and_leaves_nothing(tmp_
     """A budget too short for the first case: it is cut off, the cases after it are not
     started, the report names each, the check ends within its budget and no process of
     it is left."""
-    budget = 14
+    budget = 30  # the check's start and the data, then a few seconds for the first case
     t0 = time.monotonic()  # each case first sleeps 60 s: the first outlasts the budget
     out = subprocess.run([PY, "bench/gpu_check.py", "--cpu-smoke", "--budget", str(budget),
                           "--stages", "figures", "--out", str(tmp_path)], cwd=ROOT,
@@ -107,6 +108,53 @@ def test_a_check_whose_budget_runs_out_writes_its_report_and_leaves_nothing(tmp_
     assert rows["lenet fused:16"]["result"].startswith("FAILED: not run: budget spent")
     assert rows["resnet18 alone"]["result"].startswith("CPU: not run")
     assert "| lenet alone | FAILED: cut off at" in (tmp_path / "gpu_check.md").read_text()
+    # the data before the first case (outside its cap); the goals on standard output
+    assert out.stdout.index("data: every case's data set built") < out.stdout.index("--- figures")
+    assert out.stdout.count("| goal | target | measured | case | verdict |") == 2
+
+
+def test_the_plan_fits_the_budget_with_room_on_any_machine(tmp_path):
+    """--plan, without torch: every case of the GPU run in its order (the figures, the GPU
+    tests, the strategies), each cap at least 1.5x its estimate, the caps within 80 % of
+    the budget; a budget they do not fit says so and exits 1."""
+    from gpu_cases import CAP_FACTOR
+
+    env = {**ENV, "PYTHONPATH": ""}
+    out = subprocess.run([sys.executable, "-S", "bench/gpu_check.py", "--plan", "--budget",
+                          "480"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    cases = all_cases(False, 1, tmp_path, ["figures", "tests", "strategies"], "pytest")
+    assert [c.stage for c in cases] == sorted(
+        (c.stage for c in cases), key=["figures", "tests", "strategies"].index)
+    for c in cases:
+        assert c.cap_s >= CAP_FACTOR * c.estimate_s
+        assert f"| {c.stage} | {c.name} | {c.estimate_s:.1f} | {c.cap_s:.0f} |" in out.stdout
+    assert sum(c.cap_s for c in cases) <= 0.8 * 480
+    assert out.stdout.rstrip().splitlines()[-2].endswith("fits")
+    tight = subprocess.run([PY, "bench/gpu_check.py", "--plan", "--budget", "300"], cwd=ROOT,
+                           env=ENV, capture_output=True, text=True, timeout=60)
+    assert tight.returncode == 1 and "DOES NOT FIT" in tight.stdout
+
+
+def test_an_mps_case_that_cannot_start_fails_in_seconds_saying_why(tmp_path):
+    """No nvidia-cuda-mps-control: named at once; a control daemon that never answers: named
+    after the probe's timeout, not the case's cap."""
+    from gpu_bounded import mps_problem
+
+    empty, sleep = tmp_path / "empty", shutil.which("sleep")
+    empty.mkdir()
+    os.environ["PATH"], saved = str(empty), os.environ["PATH"]
+    try:
+        assert "nvidia-cuda-mps-control not found" in mps_problem()
+        hang = empty / "nvidia-cuda-mps-control"
+        hang.write_text(f"#!/bin/sh\nexec {sleep} 60\n")
+        hang.chmod(0o755)
+        t0 = time.monotonic()
+        said = mps_problem(timeout_s=1.0)
+    finally:
+        os.environ["PATH"] = saved
+    assert "control daemon (nvidia-cuda-mps-control -d) did not answer within 1 s" in said
+    assert time.monotonic() - t0 < 5
 
 
 def test_the_bundle_alone_runs_pytest(tmp_path):
@@ -139,13 +187,13 @@ def test_cpu_smoke_names_every_gpu_case_and_runs_within_its_budget(tmp_path):
     assert wall < 123, wall
     report = json.loads((tmp_path / "out" / "gpu_check.json").read_text())
     assert report["smoke"] and report["pytest"].startswith(str(bundle / "site"))
-    gpu_run = [c.name for c in all_cases(False, 1, tmp_path, ["figures", "strategies", "tests"],
+    gpu_run = [c.name for c in all_cases(False, 1, tmp_path, ["figures", "tests", "strategies"],
                                          "pytest")]
     rows = {r["case"]: r for r in report["rows"]}
     assert list(rows) == gpu_run  # every case of the GPU run, in its order
     assert any("mps" in name for name in rows) and any("resnet18" in name for name in rows)
-    for name in ("resnet18 alone", "resnet18 fused:8", "lenet mps:4", "mps lenet x4",
-                 "gpu resnet18 compile+bf16"):
+    for name in ("resnet18 alone", "resnet18 fused:8", "lenet mps:4",
+                 "gpu lenet compile+bf16"):
         assert rows[name]["result"].startswith("CPU: not run"), rows[name]
     for row in rows.values():  # a case with a CPU stand-in ran it, and it passed
         assert row["result"].startswith("ok" if row.get("ran") else "CPU: not run"), row
@@ -155,7 +203,11 @@ def test_cpu_smoke_names_every_gpu_case_and_runs_within_its_budget(tmp_path):
     step = rows["step deterministic: engine vs hand-written"]
     assert step["switches"]["deterministic_algorithms"] is True
     assert step["switches"]["fill_uninitialized_memory"] is False  # as the engine sets it
-    assert rows["lenet fused:16"]["ran"] == "fused:2" and rows["lenet fused:16"]["vs_alone"] > 0
+    assert rows["lenet fused:16"]["ran"] == "fused:2"
+    # 3 steps an epoch: figures, but no ratio of them, and why
+    assert "vs_alone" not in rows["lenet fused:16"] and "vs_hand_written" not in step
+    assert step["ratio_not_shown"].startswith("3 steps an epoch (< 20)")
+    assert "CPU smoke: no ratios" in out.stdout
     markdown = (tmp_path / "out" / "gpu_check.md").read_text()
     assert "| engine step / hand-written loop, deterministic | >= 0.95x |" in markdown
     assert "not applicable (CPU smoke)" in markdown
@@ -189,3 +241,28 @@ def test_the_report_holds_each_figure_to_its_goal(tmp_path):
     markdown = (tmp_path / "gpu_check.md").read_text()
     assert "| lenet fused:16 | ok | 1,200,000 | 6.0x |" in markdown
     assert "- tensorboard: curves" in markdown
+
+
+def test_runs_side_by_side_are_counted_over_the_union_of_their_windows(tmp_path):
+    """Two MPS replicas of 1,000 images an epoch at 1,000 images/s each, the second started
+    when the first had finished: 1,000 images/s over the union (not the 2,000 their rates
+    add up to) and no time in which both trained; fully overlapped: 2,000 and 1.0."""
+    from gpu_sweep import side_by_side
+    from cifarflow.layout import RunPaths
+
+    def write(results, run, starts):
+        folder = Path(RunPaths(str(results), run).segment(1))
+        folder.mkdir(parents=True)
+        rows = [{"images_per_sec": 1000.0, "images_per_sec_per_rank": 1000.0, "wall_s": 1.0,
+                 "started_at": t, "ended_at": t + 1.0} for t in starts]
+        (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    apart, together = tmp_path / "apart", tmp_path / "together"
+    write(apart, "a", [0.0, 1.0, 2.0])  # epoch 1 (warm-up) is not counted
+    write(apart, "b", [3.0, 4.0, 5.0])
+    write(together, "a", [0.0, 1.0, 2.0])
+    write(together, "b", [0.0, 1.0, 2.0])
+    assert side_by_side(apart, ["a", "b"]) == {"images_per_sec": 1000.0, "union_s": 4.0,
+                                               "overlap": 0.0}
+    assert side_by_side(together, ["a", "b"]) == {"images_per_sec": 2000.0, "union_s": 2.0,
+                                                  "overlap": 1.0}

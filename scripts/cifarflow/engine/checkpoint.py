@@ -176,9 +176,13 @@ class FileCheckpointer(Checkpointer):
         self.dist.barrier()  # nobody reads before rank 0 has finished writing
 
     def load(self, directory: Path, template: dict) -> dict:
+        """The state on the CPU: ``load_state_dict`` copies the model's tensors onto its
+        parameters' device, and the optimizer's where torch keeps them (an Adam ``step``
+        stays on the CPU unless the optimizer is fused or capturable; mapped onto the GPU,
+        foreach Adam would read it back, a host sync per parameter per step)."""
         import torch
 
-        return torch.load(Path(directory) / self.payload, map_location=self.dist.device,
+        return torch.load(Path(directory) / self.payload, map_location="cpu",
                           weights_only=False)
 
 

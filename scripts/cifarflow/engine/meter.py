@@ -27,6 +27,7 @@ class EpochMeter:
         self.mark = self.base_s = 0.0       # clock start, training seconds before it
         self.seen0 = self.steps0 = 0        # images and steps at the clock start, since
         self.last_log = 0.0
+        self.started_at = self.ended_at = None  # the epoch's training window, wall clock
 
     def start(self, progress) -> None:
         """Accumulators start from the checkpointed partial sums: the same float sequence
@@ -40,6 +41,9 @@ class EpochMeter:
         synchronize(self.device)  # work queued before the start is not this clock's
         self.mark, self.base_s = time.perf_counter(), progress.train_s
         self.seen0, self.steps0 = progress.seen, 0
+        if not progress.seen or self.started_at is None:  # not after a save: the same epoch
+            self.started_at = time.time()
+        self.ended_at = None
 
     def add(self, progress, loss, hits, n: int) -> None:
         # one kernel, not three (cast, multiply, add): a float32 loss times a batch size is
@@ -72,6 +76,7 @@ class EpochMeter:
         """Copy the device-side sums into the (checkpointed) progress record."""
         progress.loss_sum, progress.correct = float(self.loss), int(self.hits)
         progress.train_s = self.base_s + self.elapsed()
+        self.ended_at = time.time()
 
 
 class FusedMeter:
@@ -111,6 +116,7 @@ class FusedMeter:
             m.progress.step, m.progress.seen = p0.step, p0.seen
             m.meter.steps0 = meter0.steps0
             m.progress.train_s = m.meter.base_s + elapsed
+            m.meter.ended_at = time.time()
 
     def restart_clock(self) -> None:
         for m in self.members:

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from . import self_stop
+from . import self_stop, start_barrier
 from ..config import TrainConfig
 from ..orders import SegmentOrder
 from .evaluation import evaluate
@@ -113,6 +113,7 @@ class Segment(SegmentCheckpoints):
             self.log(f"the run ended at epoch {p.epoch} ({self.stopped_early()}): "
                      "nothing to train, its checkpoint is published as is")
         self_stop.stop_at(self_stop.BEFORE_FIRST_BATCH, self.out_dir)  # tests only
+        start_barrier.wait(self.log)  # benchmarks only: runs side by side start together
 
     def global_step(self) -> int:
         return self.progress.epoch * self.steps + self.progress.step
@@ -201,6 +202,9 @@ class Segment(SegmentCheckpoints):
                "train_acc": float(sums[1] / sums[2]), "test_acc": accs["test_acc"],
                "images_per_sec": float(sums[3]), "images_per_sec_per_rank": ips_rank,
                "wall_s": p.train_s, "eval_s": time.perf_counter() - t_eval,
+               # this process's training window (wall clock, s since the epoch; the start
+               # of the epoch or of this process's part of it): runs side by side line up
+               "started_at": self.meter.started_at, "ended_at": self.meter.ended_at,
                "lr": self.scheduler.get_last_lr()[0], "world_size": s.world_size,
                "peak_mem_mb": peak_memory_mb(s.device), "gpu_util_pct": gpu["gpu_util_pct"],
                "gpu_mem_mb": gpu["gpu_mem_mb"], "amp": s.amp,
