@@ -15,13 +15,13 @@ log=$(mktemp -t cifarflow-slurm-tests.XXXXXX.log)
 # and the Snakemake runs the Ctrl-C tests interrupt would inherit that and go on; its stdin
 # is /dev/null, as bash gives a background job without job control
 set -m
-"$PYTHON" -m pytest -v --durations=15 tests/slurm </dev/null >"$log" 2>&1 &
+"$PYTHON" -m pytest -v --durations=30 tests/slurm </dev/null >"$log" 2>&1 &
 slurm_pid=$!
 set +m
 trap 'kill -INT $slurm_pid 2>/dev/null; wait $slurm_pid' INT TERM
 echo "tests/slurm runs beside this half of the suite: tail -f $log"
 
-"$PYTHON" -m pytest -v --durations=15 tests/unit tests/integration
+"$PYTHON" -m pytest -v --durations=30 tests/unit tests/integration
 rest=$?
 
 # tests/gpu where there is a GPU, and then a skip (a missing tool or package) fails it

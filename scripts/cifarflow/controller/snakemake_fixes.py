@@ -2,7 +2,7 @@
 process (WorkflowPlan.start_main_process, workflow.py). Each wraps a name it finds through
 ``patched``, which raises an error naming the package, its release and the way out where a
 release lacks it: a fix never stops applying without a word (``TARGETS`` lists them all;
-tests/unit/test_snakemake_fixes.py checks them against the installed modules). What each
+tests/unit/test_status_checks.py checks them against the installed modules). What each
 answers upstream: docs/slurm.md, "Fixes of Snakemake and its Slurm plugin".
 
 Snakemake 9 (seen with 9.27.1) loses a job it restarts (``--retries``, the Slurm profile's
