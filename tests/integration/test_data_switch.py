@@ -195,7 +195,7 @@ def test_the_documented_data_commands_fetch_and_a_synthetic_plan_then_keeps_them
     the downloaded data as kept, and trains on its own folder: the real data stays."""
     archive, url = served
     commands = documented_data_commands()
-    assert len(commands) == 3, commands  # README, slurm.md's block and its one-off form
+    assert len(commands) == 4, commands  # README, slurm.md's first day, its recipe and one-off form
     md5 = file_digest(archive, "md5")
     edited = tmp_path / "config.yaml"  # what the docs ask: data.source download
     edited.write_text(json.dumps({"data": {"source": "download", "url": url, "md5": md5}}))
