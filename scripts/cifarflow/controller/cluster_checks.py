@@ -15,7 +15,8 @@ from .gpu_types import settle_gpu_type, typed_shapes
 from .limits import check_plan, read_limits
 from .packs import job_shapes
 from .partitions import read_partitions, user_groups
-from .routing import candidates, check_fit, describe_placement, job_error
+from .routing import (candidates, check_fit, describe_placement, job_error,
+                      unknown_partition)
 from .will_run import ask_slurm
 
 
@@ -84,8 +85,10 @@ def ask_slurm_too(found: Findings, jobs: list, named: str, ask=slurm.will_run) -
                               user_groups()) for label, _, _, shape in jobs}
     verdict = ask_slurm(jobs, found.partitions, model, ask)
     found.lines += verdict.lines
-    if verdict.answered:
-        found.errors = [e for e in found.errors if e not in found.fit_errors] + verdict.errors
+    if verdict.answered:  # the plan's fit errors give way to Slurm's, but a name it lacks
+        unknown = unknown_partition(named, found.partitions)
+        found.errors = [e for e in found.errors if e not in found.fit_errors or e == unknown] \
+            + verdict.errors
         found.warnings += verdict.notes
     else:
         found.lines.append("sbatch --test-only did not answer for every job: the plan's "

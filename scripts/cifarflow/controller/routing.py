@@ -64,6 +64,16 @@ def describe_placement(partitions: dict[str, dict] | None, named: str) -> str:
             f"of {', '.join(describe_time(p) for p in gpu if any(n['gpus'] for n in p['nodes'])) or 'none'}")
 
 
+def unknown_partition(named: str, partitions: dict | None) -> str | None:
+    """The refusal of a slurm.partition this cluster does not have; None where it has it."""
+    if not partitions or routed(named, partitions) or named in partitions:
+        return None
+    shown = ", ".join(n for n, p in partitions.items() if not p["hidden"])
+    return (f"slurm.partition {named} is not a partition of this cluster ({shown}): unset "
+            "slurm.partition (and $SLURM_PARTITION) so the site places each job, or name one "
+            "of those")
+
+
 def check_fit(shapes: dict[str, dict], named: str, partitions: dict | None,
               accounts: dict | None = None, groups: set[str] | None = None) -> list[str]:
     """One error per kind of job that can never start where it may run, with the way out.
@@ -72,11 +82,9 @@ def check_fit(shapes: dict[str, dict], named: str, partitions: dict | None,
     gpus_per_task, gpu_model, pack (members per job)."""
     if not partitions:
         return []
-    if not routed(named, partitions) and named not in partitions:
-        shown = ", ".join(n for n, p in partitions.items() if not p["hidden"])
-        return [f"slurm.partition {named} is not a partition of this cluster ({shown}): unset "
-                "slurm.partition (and $SLURM_PARTITION) so the site places each job, or name "
-                "one of those"]
+    unknown = unknown_partition(named, partitions)
+    if unknown:
+        return [unknown]
     errors, alike = [], {}
     for job, shape in shapes.items():  # one error per request: a sweep has many alike
         alike.setdefault(repr(sorted(shape.items())), []).append(job)
