@@ -23,10 +23,10 @@ from __future__ import annotations
 import os
 import socket
 import sys
-from pathlib import Path
 from typing import Callable
 
 from .. import slurm
+from ..job.takeover import process_argv
 from ..jobfacts import job_id
 from ..slurm_queue import JobRecord, still_queued
 
@@ -37,11 +37,7 @@ def say_at_exit(line: str) -> None:
 
 
 def process_is_snakemake(pid: int) -> bool:
-    try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return False
-    return any(b"snakemake" in a for a in argv)
+    return any(b"snakemake" in a for a in process_argv(pid))
 
 
 def controller_alive(entry: dict, host: str | None = None,

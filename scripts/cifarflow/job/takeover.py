@@ -58,15 +58,20 @@ def open_tries(entries: list[dict]) -> list[dict]:
             (e.get("invocation"), e["segment"], e["attempt"], e.get("job_id")) not in ends]
 
 
+def process_argv(pid: int) -> list[bytes]:
+    """The command line of a process on this host; [] where there is none (it ended)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return []
+
+
 def process_alive(entry: dict) -> bool:
     """A try outside Slurm: its process, on this host, still a `cifarflow train` (or a
     fused pack's `cifarflow train-fused`)."""
     if entry.get("host") != socket.gethostname() or not entry.get("pid"):
         return False
-    try:
-        argv = Path(f"/proc/{entry['pid']}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return False
+    argv = process_argv(entry["pid"])
     return (any(a in (b"train", b"train-fused") for a in argv)
             and any(b"cifarflow" in a for a in argv))
 
