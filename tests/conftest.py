@@ -30,6 +30,23 @@ ENV.pop("SLURM_JOB_ID", None)
 SYNTHETIC = {"train_size": 2000, "test_size": 400}  # the cifar_dir fixture's data
 
 
+# tests/gpu under `make test` (tests/suite.sh sets it where CUDA is available): a skip is a
+# failure there, since on a GPU machine a skipped GPU test is a path nobody ran.
+# bench/gpu_check.py counts skips itself and leaves the variable unset. (Here, not in a
+# tests/gpu/conftest.py: that one would be the `conftest` test_gpu.py imports its helpers from.)
+GPU_SKIP_FAILS = "CIFARFLOW_GPU_SKIP_FAILS"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped and os.environ.get(GPU_SKIP_FAILS) == "1":
+        reason = report.longrepr[-1] if isinstance(report.longrepr, tuple) else report.longrepr
+        report.outcome = "failed"
+        report.longrepr = f"skipped on a machine with a GPU ({GPU_SKIP_FAILS}=1): {reason}"
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "slurm: needs the local Slurm cluster (tests/slurm/cluster.sh)")
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU (tests/gpu; make gpu-check)")

@@ -87,6 +87,23 @@ def assert_close(fused: dict, alone: dict, what: str = "") -> None:
             assert torch.equal(fused[key], value), key
 
 
+BN_VMAP_TOL = 1e-2  # vmap against alone, each tensor's largest gap over its largest value
+
+
+def largest_gaps(fused: dict, alone: dict) -> dict[str, float]:
+    """Each floating tensor's largest gap between fused and alone, over its largest value
+    (at least 1); integer tensors must be equal."""
+    assert fused.keys() == alone.keys()
+    gaps = {}
+    for key, value in alone.items():
+        if value.is_floating_point():
+            scale = max(1.0, value.abs().max().item())
+            gaps[key] = (fused[key] - value).abs().max().item() / scale
+        else:
+            assert torch.equal(fused[key], value), key
+    return gaps
+
+
 def assert_same_optimizer_state(a: dict, b: dict) -> None:
     """Optimizer state dicts, bit for bit: a state for every parameter, the same keys."""
     assert sorted(a) == sorted(b)
@@ -194,8 +211,12 @@ def test_batchnorm_members_keep_their_own_running_statistics(tmp_path, cifar_dir
     its own, as the member alone: bit for bit in loop fusion, within tolerance in vmap
     fusion (grouped convolutions and BatchNorm over the concatenated channels, as on CUDA;
     each member's own batch: at lr 0.2 the dense convolution of a shared batch rounds
-    differently enough for this net to leave the tolerance, 5e-3 after 20 steps)."""
+    differently enough for this net to leave the tolerance, 5e-3 after 20 steps). The
+    tolerance is relative to each tensor's scale: 20 steps at lr 0.2 leave the grouped
+    convolution's rounding 1.7e-3 (absolute) from the dense one on one CPU and ~0 on
+    another, whichever kernels the CPU has (AMX or not)."""
     runs = plan(tmp_path / "loop", {"lr": [0.02, 0.2]}, model=BN_MODEL, epochs=1)
+    gaps = []
     for mode in ("loop", "vmap"):
         plan(tmp_path / mode, {"lr": [0.02, 0.2]}, model=BN_MODEL, epochs=1)
         train_fused(tmp_path / mode, cifar_dir, runs, until=1, mode=mode, shared=mode == "loop")
@@ -206,11 +227,14 @@ def test_batchnorm_members_keep_their_own_running_statistics(tmp_path, cifar_dir
         alone = state_of(segment(tmp_path / "alone", run, 1))["model"]
         assert_bit_identical(state_of(segment(tmp_path / "loop", run, 1))["model"], alone)
         fused = state_of(segment(tmp_path / "vmap", run, 1))["model"]
-        assert_close(fused, alone, f"{run} vmap")
+        gaps.append(largest_gaps(fused, alone))
         assert int(fused["bn.num_batches_tracked"]) == 20
         means.append(alone["bn.running_mean"])
-    # the members' statistics differ, by far more than fused and alone may
-    assert (means[0] - means[1]).abs().max() > 100 * ATOL
+    # vmap: each tensor within BN_VMAP_TOL of its largest value; the members' statistics
+    # differ by far more, so statistics shared or swapped between them could not pass
+    assert all(gap <= BN_VMAP_TOL for run_gaps in gaps for gap in run_gaps.values()), gaps
+    between = (means[0] - means[1]).abs().max() / means[1].abs().max()
+    assert between > 10 * BN_VMAP_TOL, between
 
 
 def stopped_inside_an_epoch(results: Path, data: Path, runs: list[str]) -> dict:

@@ -173,18 +173,22 @@ def test_the_bundle_alone_runs_pytest(tmp_path):
     assert ran.stdout.startswith(str(bundle / "site"))
 
 
-@pytest.mark.slow  # the whole check on CPU within its 120 s budget
+@pytest.mark.slow  # the whole check on CPU, ~100 s on a quiet 2-core box
 def test_cpu_smoke_names_every_gpu_case_and_runs_within_its_budget(tmp_path):
+    """The smoke's budget is room for a loaded machine (4x a quiet 2-core box's time): in the
+    smoke each case may use what is left of it, so a tight one would cut cases wherever the
+    box is busy. The check cut off at its budget: the test above."""
+    budget = 400
     bundle = tmp_path / "bundle"
     subprocess.run([PY, "bench/gpu_bundle.py", "--from-installed", "--dest", str(bundle)],
                    cwd=ROOT, check=True, capture_output=True, timeout=120)
     t0 = time.monotonic()
-    out = subprocess.run([PY, "bench/gpu_check.py", "--cpu-smoke", "--budget", "120", "--out",
-                          str(tmp_path / "out"), "--bundle", str(bundle)], cwd=ROOT, env=ENV,
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run([PY, "bench/gpu_check.py", "--cpu-smoke", "--budget", str(budget),
+                          "--out", str(tmp_path / "out"), "--bundle", str(bundle)], cwd=ROOT,
+                         env=ENV, capture_output=True, text=True, timeout=budget + 120)
     wall = time.monotonic() - t0
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert wall < 123, wall
+    assert wall < budget + 3, wall
     report = json.loads((tmp_path / "out" / "gpu_check.json").read_text())
     assert report["smoke"] and report["pytest"].startswith(str(bundle / "site"))
     gpu_run = [c.name for c in all_cases(False, 1, tmp_path, ["figures", "tests", "strategies"],
