@@ -198,7 +198,7 @@ def test_node_failure_reruns_the_segment_on_the_other_node_and_resumes_exactly(t
     uninterrupted run's."""
     extra = multi_config(tmp_path, strategies=["ddp"], segments={"count": 1},
                          distributed={"world_size": 2, "nodes": 1},
-                         train={"epochs": 10, "batch_size": 20, "checkpoint_interval_s": 0.5})
+                         train={"epochs": 4, "batch_size": 20, "checkpoint_interval_s": 0.5})
     proc = start_slurm(tmp_path, CONFIG, extra)
     work = tmp_path / "results/runs/ddp/work"
     t0, node = time.time(), None

@@ -135,12 +135,13 @@ def start_slurm(workdir, *configfiles, args=()) -> subprocess.Popen:
     return proc
 
 
-def start_long_segment(tmp_path, strategy="cpu", epochs=60, frozen=False):
+def start_long_segment(tmp_path, strategy="cpu", epochs=60, frozen=False, ranks=1):
     """A one-segment run through profiles/slurm (its config: tmp_path/long.yaml over
     CONFIG); returns once its job runs and has written an in-segment checkpoint:
-    (snakemake process, job id). ``frozen``: its training is stopped (SIGSTOP) from the
-    moment it is seen and let on in short steps until that checkpoint exists, so it is
-    mid-segment however fast the machine trains (a short run could end otherwise)."""
+    (snakemake process, job id). ``frozen``: its training (its ``ranks`` processes) is
+    stopped (SIGSTOP) from the moment it is seen and let on in short steps until that
+    checkpoint exists, so it is mid-segment however fast the machine trains: a few epochs
+    are then enough (a short run could end otherwise)."""
     long_run = tmp_path / "long.yaml"
     long_run.write_text(f"strategies: [{strategy}]\nsegments: {{count: 1}}\ntrain: {{epochs: "
                         f"{epochs}, batch_size: 10, lr: 0.01, checkpoint_interval_s: 0.5}}\n")
@@ -148,7 +149,7 @@ def start_long_segment(tmp_path, strategy="cpu", epochs=60, frozen=False):
     proc = start_slurm(tmp_path, CONFIG, long_run)
     work = tmp_path / f"results/runs/{strategy}/work"
     jobid, training = None, []
-    while time.time() - t0 < 300 and not (training if frozen else
+    while time.time() - t0 < 300 and not (len(training) == ranks if frozen else
                                           jobid and (work / "checkpoint.json").exists()):
         jobid = jobid or train_job_id(tmp_path, f"rule_train_{strategy}_wildcards_{strategy}_1")
         training = training_processes(jobid) if jobid and frozen else []
@@ -191,7 +192,7 @@ def preempt_long_segment(tmp_path, strategy="cpu", ranks=1) -> str:
     of the urgent partition that needs the whole node (Slurm sends SIGCONT and SIGTERM to
     the segment's step, then grants GraceTime). Returns the segment's job id once both jobs
     completed and Snakemake ended well by itself."""
-    proc, jobid = start_long_segment(tmp_path, strategy)
+    proc, jobid = start_long_segment(tmp_path, strategy, epochs=4, frozen=True, ranks=ranks)
     urgent = preempt(tmp_path, jobid, ranks)
     output = proc.communicate(timeout=900)[0]
     assert proc.returncode == 0, output[-3000:]
@@ -205,7 +206,7 @@ def test_job_killed_for_its_time_limit_is_retried_and_resumes(tmp_path):
     gets (30 s, cut from the rule's 10 min) however fast this machine trains. The profile's
     retries resubmit the segment, which resumes from the last in-segment checkpoint, and
     the workflow ends well by itself."""
-    proc, jobid = start_long_segment(tmp_path)
+    proc, jobid = start_long_segment(tmp_path, epochs=4, frozen=True)
     freeze_training(jobid)  # Slurm's SIGCONT/SIGTERM/SIGKILL at the limit still reach it
     saved = ckpt.read_manifest(tmp_path / "results/runs/cpu/work")  # frozen: the last save
     subprocess.run(["scontrol", "update", f"JobId={jobid}", "TimeLimit=0:30"], check=True)
@@ -298,11 +299,13 @@ def test_a_segment_preempted_three_times_finishes_by_itself_within_two_retries(t
     (SIGCONT, SIGTERM, then GraceTime): the segment stops at the next batch, checkpoints and
     ends its job well (COMPLETED, no retry spent); the chain goes on with a new segment that
     resumes at that very batch. Three preemptions with the profile's `retries: 2`: the run
-    finishes by itself. Each segment is frozen before it is preempted, once it is past its
-    start-up (its begin line), so this holds however fast the machine trains."""
+    finishes by itself. Each segment is frozen as soon as it is past its start-up (its
+    begin line), and stays frozen until it is preempted, so this holds however fast the
+    machine trains (10 epochs: room for the tenth of a second between the line and the
+    freeze)."""
     run = tmp_path / "run.yaml"
     run.write_text("strategies: [cpu]\nsegments: {count: 1}\n"
-                   "train: {epochs: 40, batch_size: 10, lr: 0.01}\n")
+                   "train: {epochs: 10, batch_size: 10, lr: 0.01}\n")
     proc = start_slurm(tmp_path, CONFIG, run)
     logs = tmp_path / "results/logs/train/cpu"
     jobs, urgent = [], []
@@ -317,6 +320,7 @@ def test_a_segment_preempted_three_times_finishes_by_itself_within_two_retries(t
                     break
                 time.sleep(0.1)
             assert jobid and proc.poll() is None, f"segment {k} did not start"
+            freeze_training(jobid)  # preempt() freezes it again: a no-op
             while time.time() < deadline and any(  # the urgent job would preempt it too
                     comment == "rule_record_environment" and state != "COMPLETED" for state,
                     comment in slurm_jobs(slurm_job_prefix(tmp_path)).values()):
@@ -391,16 +395,18 @@ def retried_segments(workdir: Path) -> str:
 
 
 def test_pruned_runs_submit_no_further_jobs(tmp_path):
-    """The pruning sweep through the profile: 8 runs, the better half goes on after
-    segments 1 and 2, so 8 + 4 + 2 segment jobs, and no job for a pruned run's next
+    """The pruning sweep through the profile, 4 of its runs: the better half goes on after
+    segments 1 and 2, so 4 + 2 + 1 segment jobs, and no job for a pruned run's next
     segment."""
-    out = slurm(tmp_path, configfile=ROOT / "tests" / "configs" / "prune" / "config.yaml")
+    four = tmp_path / "four.yaml"
+    four.write_text("sweep: {lr: [0.1, 0.02, 0.00001, 50.0]}\n")  # two that cannot learn
+    out = slurm(tmp_path, configfile=[ROOT / "tests" / "configs" / "prune" / "config.yaml", four])
     jobs = submitted(out.stdout + out.stderr)
     per_run = {}
     for line in re.findall(r"rule_train_cpu_wildcards_(\S+?)_(\d+)\b", out.stdout + out.stderr):
         per_run.setdefault(line[0], set()).add(int(line[1]))
-    assert len(set(jobs["train_cpu"])) == 14, retried_segments(tmp_path)
-    assert sorted(len(s) for s in per_run.values()) == [1, 1, 1, 1, 2, 2, 3, 3]
+    assert len(set(jobs["train_cpu"])) == 7, retried_segments(tmp_path)
+    assert sorted(len(s) for s in per_run.values()) == [1, 1, 2, 3]
     import csv
 
     rows = {r["run"]: r for r in csv.DictReader(open(tmp_path / "results/summary.csv"))}

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from conftest import (assert_bit_identical, final_states, summary_rows, sweep_config,
-                      train_until_saved, training_spec)
+from conftest import (assert_bit_identical, cli, final_states, run_batches, state_of,
+                      summary_rows, sweep_config, train_until_saved, training_spec)
 from test_slurm import running_jobs, slurm, start_slurm, submitted, training_processes
 
 pytestmark = pytest.mark.slurm
@@ -21,16 +21,24 @@ def running_pack_jobs(workdir) -> list[str]:
     return [j for j, c in running_jobs(workdir).items() if c.startswith("rule_train_cpu_")]
 
 
-def test_slurm_pack_spreads_over_two_nodes_equals_unpacked_and_retries_one_member(
-        tmp_path, unpacked_sweep):
-    """16 runs in packs of 4 on partition multi (n1 and n2, 2 cores each): 4 jobs per
+def trained_alone(workdir, run: str, out) -> dict:
+    """The run's spec trained in one go by one local process: its final weights."""
+    cli("train", "--spec", workdir / f"results/runs/{run}/spec.json", "--data",
+        run_batches(workdir, run), "--out", out, "--threads", 1, timeout=900)
+    return state_of(out)["model"]
+
+
+def test_slurm_pack_spreads_over_two_nodes_equals_unpacked_and_retries_one_member(tmp_path):
+    """8 runs in packs of 4 on partition multi (n1 and n2, 2 cores each): 2 jobs per
     round, each of 4 one-core tasks that Slurm spreads over both nodes (pack.nodes: any).
     One member is SIGKILLed after its first in-segment save (frozen from its start, it
-    trains in short steps until the save exists); only it is retried, from that save's batch. Final
-    weights equal the unpacked sweep's bit for bit. Slurm kills a step above its memory
-    (polling): a member peaks at about 800 MB there (launcher and training process), so each
-    asks 2000 MB, else the frozen victim could be killed for memory and retried with more."""
-    config = sweep_config(tmp_path / "c.yaml", 16, 4, train="checkpoint_interval_s: 0.001",
+    trains in short steps until the save exists); only it is retried, from that save's
+    batch. Its final weights, and another member's, equal the run trained alone in one go
+    bit for bit (every member against the unpacked sweep: tests/integration/test_pack.py).
+    Slurm kills a step above its memory (polling): a member peaks at about 800 MB there
+    (launcher and training process), so each asks 2000 MB, else the frozen victim could be
+    killed for memory and retried with more."""
+    config = sweep_config(tmp_path / "c.yaml", 8, 4, train="checkpoint_interval_s: 0.001",
                           mem_mb=2000)
     multi = tmp_path / "multi.yaml"
     multi.write_text("slurm: {partition: multi}\npack: {nodes: any}\n")  # spread: both nodes
@@ -54,12 +62,12 @@ def test_slurm_pack_spreads_over_two_nodes_equals_unpacked_and_retries_one_membe
     asks = [re.search(r"--comment (\S+).*?(--mem-per-cpu \d+).*?(--ntasks=\d+ --cpus-per-task=\d+)",
                       c).groups() for c in calls]
     killed = (tmp_path / f"results/logs/train/{victim}").glob("segment-*.attempt1.log")
-    assert len(calls) == 4 * 2 + 1 and all(
+    assert len(calls) == 2 * 2 + 1 and all(
         a[1:] == ("--mem-per-cpu 2000", "--ntasks=4 --cpus-per-task=1") for a in asks), \
         (asks, [log.read_text()[-1000:] for log in killed])
     packs = sorted(set(re.findall(r"rule_train_cpu_wildcards_(cpu-pack\d+_\d+)", output)))
-    assert len(packs) == 4 * 2  # 4 packs, 2 segments
-    assert len(set(submitted(output)["train_cpu"])) == 4 * 2 + 1  # and the one retry
+    assert len(packs) == 2 * 2  # 2 packs, 2 segments
+    assert len(set(submitted(output)["train_cpu"])) == 2 * 2 + 1  # and the one retry
     logs = tmp_path / "results/logs/train"
     retried = sorted(p.parent.name for p in logs.glob("*/segment-*.attempt2.log"))
     assert retried == [victim]
@@ -67,12 +75,14 @@ def test_slurm_pack_spreads_over_two_nodes_equals_unpacked_and_retries_one_membe
     assert (f"resumed from results/runs/{victim}/work at epoch {saved['epoch'] + 1}, batch "
             f"{saved['step']}\n" in retry), retry[-2000:]
     rows = summary_rows(tmp_path)
-    assert {r["status"] for r in rows.values()} == {"ok"} and len(rows) == 16
+    assert {r["status"] for r in rows.values()} == {"ok"} and len(rows) == 8
     record = json.loads((tmp_path / "results/packs/cpu-pack001/segment-2.json").read_text())
     hosts = {h for run in record["members"] for h in rows[run]["hosts"].split()}
     assert hosts == {"n1", "n2"}  # one job, its members on both nodes
-    for run, state in final_states(tmp_path).items():
-        assert_bit_identical(state["model"], unpacked_sweep[run]["model"])
+    finals = final_states(tmp_path)
+    assert len(finals) == 8
+    for run in (victim, next(run for run in sorted(finals) if run != victim)):
+        assert_bit_identical(finals[run]["model"], trained_alone(tmp_path, run, tmp_path / run))
 
 
 def test_a_pack_spread_over_two_nodes_builds_its_job_venv_on_each(tmp_path):

@@ -1,5 +1,5 @@
-"""Gentle on the scheduler, as the scheduler counts it: a packed sweep (12 one-core runs in
-packs of 2, 2 segments: 12 pack jobs and the environment record), its RPCs counted by
+"""Gentle on the scheduler, as the scheduler counts it: a packed sweep (4 one-core runs in
+packs of 2, 2 segments: 4 pack jobs and the environment record), its RPCs counted by
 slurmctld itself (sdiag, reset first) and every Slurm command of the workflow's processes
 counted by wrappers first on PATH (the controller, the plugin, the jobs). Asserted: what
 does not depend on timing (submissions, one job step per pack job, the plan's cluster reads
@@ -37,24 +37,24 @@ def counting_path(tmp_path) -> tuple[dict, callable]:
 
 
 def test_a_packed_sweep_costs_one_step_per_pack_job_and_reads_the_cluster_once(tmp_path):
-    config = sweep_config(tmp_path / "sweep.yaml", runs=12, runs_per_job=2, mem_mb=1000)
+    config = sweep_config(tmp_path / "sweep.yaml", runs=4, runs_per_job=2, mem_mb=1000)
     env, calls = counting_path(tmp_path)
     assert slurm_queue.reset_rpc_counts()
     out = run_slurm(tmp_path, configfile=config, env=env)
     counts = slurm_queue.rpc_counts()
     rows = summary_rows(tmp_path)
-    assert len(rows) == 12 and {r["status"] for r in rows.values()} == {"ok"}
+    assert len(rows) == 4 and {r["status"] for r in rows.values()} == {"ok"}
     print("\nsdiag after the sweep:", dict(sorted(counts.items())))
     made = calls()
     by_command = Counter(call.split()[0] + " " + (call.split() + [""])[1] for _, call in made)
     print("Slurm commands of the workflow's processes:", dict(by_command.most_common()))
-    # 6 packs x 2 segments, and record_environment: nothing else is submitted
+    # 2 packs x 2 segments, and record_environment: nothing else is submitted
     jobs = {job for row in rows.values() for job in row["slurm_job_ids"].split()}
-    assert len(jobs) == 12
+    assert len(jobs) == 4
     submitted = [call for _, call in made if call.startswith("sbatch --parsable ")]
-    assert len(submitted) == 13
-    assert counts["REQUEST_SUBMIT_BATCH_JOB"] >= 13  # this sweep's, and nothing of ours more
-    # where each job goes, asked of Slurm once per distinct request (will_run.py): the six
+    assert len(submitted) == 5
+    assert counts["REQUEST_SUBMIT_BATCH_JOB"] >= 5  # this sweep's, and nothing of ours more
+    # where each job goes, asked of Slurm once per distinct request (will_run.py): the
     # packs ask alike, the environment record otherwise
     asked = [call for job, call in made if call.startswith("sbatch --test-only ")]
     assert len(asked) == 2 and {job for job, call in made if "--test-only" in call} == {"-"}
@@ -73,8 +73,7 @@ def test_a_packed_sweep_costs_one_step_per_pack_job_and_reads_the_cluster_once(t
         assert controller[read] <= 1, (read, controller)
     assert sum(n for call, n in controller.items() if call.startswith("sacctmgr")) <= 4, controller
     # and so does the executor plugin, through snakemake_fixes.ask_the_scheduler_once: its
-    # MinJobAge (at every status check: 21 here before) and its account check (at every
-    # sbatch: 13), once; what is left: ours, and the plugin's while Snakemake parses its
+    # MinJobAge (at every status check) and its account check (at every sbatch), once; what is left: ours, and the plugin's while Snakemake parses its
     # command line, before the workflow is read
     assert controller["scontrol show config"] <= 5, controller
     assert controller[f"sacctmgr -n -s list user {os.environ.get('USER', 'root')} "
