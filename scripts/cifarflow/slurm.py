@@ -234,9 +234,10 @@ def will_run(flags: list[str]) -> Reply:
 
 
 def my_jobs(format: str) -> str | None:
-    """This user's queued jobs (every state squeue lists), one line each in squeue's
-    ``format``; None where Slurm does not answer."""
-    reply = ask(["squeue", "--me", "-h", "-o", format])
+    """This user's queued jobs (every state squeue lists, each array task one line, as the
+    submit limit counts them), one line each in squeue's ``format``; None where Slurm does
+    not answer."""
+    reply = ask(["squeue", "--me", "-h", "-r", "-o", format])
     return reply.stdout if reply.ok else None
 
 

@@ -6,7 +6,11 @@
 - slurmdbd stopped in the middle of a 2-segment sweep (an accounting outage, these tests
   change the whole cluster: the Slurm tests run one at a time) and started again: the
   controller says once that accounting does not answer and once that it answers again, and
-  the sweep ends with every row ok and no extra try (it stopped submitting for good)."""
+  the sweep ends with every row ok and no extra try (it stopped submitting for good);
+- the user's submit limit (MaxSubmitJobs 4, set on the association for this test) filled by
+  two held jobs of the user's own from elsewhere: the sweep waits for room, saying so once,
+  and ends with every row ok, no extra try, the held jobs untouched (its sbatch refusals
+  were failed tries, retried into the same refusal, and the workflow exited 1)."""
 
 import os
 import re
@@ -18,14 +22,16 @@ import pytest
 
 from conftest import (ROOT, SLURM_RUNS, self_stopped, slurm_job_prefix, slurm_jobs,
                       start_snakemake, stop_at, summary_rows, sweep_config)
+from alliance import CPU_ACCOUNT
 from test_slurm import profile_args
 
 pytestmark = pytest.mark.slurm
 CLUSTER = ROOT / "tests" / "slurm" / "cluster.sh"
 
 
-def start(tmp_path, config, **env):
-    proc = start_snakemake(tmp_path, *profile_args(tmp_path), configfile=[config], env=env)
+def start(tmp_path, config, *args, **env):
+    proc = start_snakemake(tmp_path, *profile_args(tmp_path), *args, configfile=[config],
+                           env=env)
     SLURM_RUNS.append(proc)
     return proc
 
@@ -80,3 +86,42 @@ def test_an_accounting_outage_is_ridden_out(tmp_path, accounting_outage):
     rows = summary_rows(tmp_path)
     assert len(rows) == 2 and {r["status"] for r in rows.values()} == {"ok"}, rows
     assert {r["attempts"] for r in rows.values()} == {"2"}  # 2 segments, one try each
+
+
+@pytest.fixture
+def submit_limit():
+    """Sets MaxSubmitJobs on the user's CPU association when called; puts back what it was
+    after the test."""
+    def assoc(*what):
+        return subprocess.run(["sacctmgr", "-i", *what], check=True, capture_output=True,
+                              text=True).stdout
+    where = ["where", f"user={os.environ.get('USER', 'root')}", f"account={CPU_ACCOUNT}"]
+    before = assoc("-n", "-P", "show", "assoc", *where, "format=MaxSubmit").strip() or "-1"
+
+    def set_to(limit: int) -> None:
+        assoc("modify", "user", *where, "set", f"MaxSubmitJobs={limit}")
+
+    yield set_to
+    set_to(before)
+
+
+def test_a_sweep_waits_for_room_in_the_users_share_of_the_queue(tmp_path, submit_limit):
+    prefix = slurm_job_prefix(tmp_path)
+    submit_limit(4)
+    held = [subprocess.run(["sbatch", "--parsable", "--hold", "-A", CPU_ACCOUNT, "--mem=100",
+                            "--output=/dev/null", f"--job-name={prefix}_held", "--wrap", "true"],
+                           capture_output=True, text=True, check=True).stdout.strip()
+            for _ in range(2)]
+    config = sweep_config(tmp_path / "sweep.yaml", runs=3, runs_per_job=1)  # 6 jobs and 1
+    proc = start(tmp_path, config, "--jobs", 4)  # what -n asks for, at the limit
+    out = proc.communicate(timeout=900)[0]
+    assert proc.returncode == 0, out[-4000:]
+    assert out.count("waiting: ") == 1, out[-4000:]
+    assert re.search(r"waiting: [34] of your jobs queued, MaxSubmitJobs 4: each submission "
+                     r"waits", out), out[-4000:]
+    assert "SLURM sbatch failed" not in out
+    rows = summary_rows(tmp_path)
+    assert len(rows) == 3 and {r["status"] for r in rows.values()} == {"ok"}, rows
+    assert {r["attempts"] for r in rows.values()} == {"2"}  # 2 segments, one try each
+    states = slurm_jobs(prefix)
+    assert [states[job][0] for job in held] == ["PENDING", "PENDING"], states

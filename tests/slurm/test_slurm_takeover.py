@@ -148,6 +148,6 @@ def test_a_job_that_will_not_end_is_asked_about_a_handful_of_times_a_minute(tmp_
                                patience=takeover.Patience(wait_s=60))
         assert time.monotonic() - t0 > 60
         looks = calls.read_text().splitlines()
-        assert looks == [f"squeue --me -h -o {QUEUE_FORMAT}"] + [f"squeue -h -j {live} -o %T"] * 7
+        assert looks == [f"squeue --me -h -r -o {QUEUE_FORMAT}"] + [f"squeue -h -j {live} -o %T"] * 7
     finally:
         subprocess.run(["scancel", live])

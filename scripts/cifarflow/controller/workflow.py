@@ -123,8 +123,10 @@ class WorkflowPlan:
         self.main_process = True  # a later search round's specs are written here too
         from .snakemake_fixes import (ask_the_scheduler_once, keep_restarted_jobs_ready,
                                       let_the_site_route, notice_outages_and_cancellations,
-                                      start_jobs_quietly, tell_each_submission,
-                                      tell_when_locked)
+                                      share_the_submit_limit, start_jobs_quietly,
+                                      tell_each_submission, tell_when_locked)
+        from .limits import read_limits
+        from .submit_room import SubmitRoom
 
         keep_restarted_jobs_ready()  # retried segments are not lost when a checkpoint finishes
         ask_the_scheduler_once()  # the plugin's constant questions, once
@@ -136,6 +138,9 @@ class WorkflowPlan:
         tell_each_submission(self.ownership.job_submitted)
         # an accounting outage keeps the jobs; a scancel from outside ends its run, no retry
         notice_outages_and_cancellations(self.log.warning, self.ownership.job_cancelled)
+        # an sbatch refused for the user's submit limit waits for room, no try spent
+        share_the_submit_limit(SubmitRoom(self.log.warning,
+                                          lambda: (read_limits() or {}).get("max_submit")))
         self.checks.user_models()
         self.checks.results_dir()
         self.checks.kept_data(environ)

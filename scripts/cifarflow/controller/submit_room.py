@@ -1,0 +1,79 @@
+"""Room in the user's share of the queue while the workflow runs (issue 55).
+
+Slurm's submit limit (MaxSubmitJobs of an association, MaxSubmitPU of a QOS; 1000 on most
+Alliance sites) counts every job of the user: a second sweep, an interactive session, an
+array submitted by hand take from it too. `snakemake -n` checks the plan against the limit
+(limits.py); this is what happens when the queue is full anyway. An sbatch that Slurm
+refuses for the limit is not a failed try: the submission waits until one of the user's
+jobs has left the queue (one ``squeue --me`` count every ``recount_s``; the other
+submissions wait behind it) and is made again, without using a retry. Nothing is asked of
+Slurm while no sbatch is refused.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable
+
+from .. import slurm
+
+# what sbatch says when the user's share of the queue is full (Slurm 22.05 to 24.x)
+SUBMIT_LIMIT_REASONS = ("AssocMaxSubmitJobLimit", "AssocGrpSubmitJobsLimit",
+                        "QOSMaxSubmitJobPerUserLimit", "QOSGrpSubmitJobsLimit", "job submit limit")
+
+
+def refused_for_the_limit(message: str) -> bool:
+    """Whether sbatch's error ``message`` refuses a job for a submit limit."""
+    return any(reason in message for reason in SUBMIT_LIMIT_REASONS)
+
+
+def count_my_jobs() -> int | None:
+    """The user's jobs in the queue now, each array task one (as the limit counts them);
+    None where squeue does not answer."""
+    listed = slurm.my_jobs("%i")
+    return None if listed is None else len(listed.split())
+
+
+class SubmitRoom:
+    """Shared by the submission threads of one controller. ``limit_of()``: the submit limit
+    Slurm's accounting sets (None: unknown), asked only once a submission is refused."""
+
+    def __init__(self, say: Callable[[str], None], limit_of: Callable[[], int | None],
+                 count: Callable[[], int | None] = count_my_jobs, recount_s: float = 10.0,
+                 sleep: Callable[[float], None] = time.sleep):
+        self.say, self.limit_of, self.count = say, limit_of, count
+        self.recount_s, self.sleep = recount_s, sleep
+        self.lock = threading.Lock()
+        self.full_at: int | None = None  # the user's queued jobs when sbatch last refused
+        self.full = False
+        self.told = False
+        self.refusals = 0  # sbatch refusals for the limit, in all
+
+    def refused(self, message: str) -> None:
+        """sbatch refused a job for the limit: the queue is full until a job leaves it.
+        Said once per workflow run (the progress line says how far the plan got)."""
+        with self.lock:
+            self.refusals += 1
+            if self.full:
+                return
+            self.full, self.full_at = True, self.count()
+            if not self.told:
+                self.told = True
+                limit = self.limit_of()
+                queued = "?" if self.full_at is None else self.full_at
+                said = f"MaxSubmitJobs {limit}" if limit else message.strip().splitlines()[-1]
+                self.say(f"waiting: {queued} of your jobs queued, {said}: each submission "
+                         "waits for one of your jobs to leave the queue and is made again "
+                         "(not a failed try; your other jobs are left alone)")
+
+    def wait(self) -> None:
+        """Returns once a submission may be tried: at once unless the queue was found full;
+        then when the user's queued jobs are fewer than at the refusal (or squeue does not
+        answer: after one recount interval, and sbatch decides)."""
+        with self.lock:
+            while self.full:
+                self.sleep(self.recount_s)
+                now = self.count()
+                if now is None or self.full_at is None or now < self.full_at:
+                    self.full = False

@@ -1,0 +1,126 @@
+"""A full queue is a wait, not a failure (issue 55): SubmitRoom's counting, and the fix
+(snakemake_fixes.share_the_submit_limit) on the real plugin Executor class, its run_job
+standing in for sbatch with the refusal Slurm 22.05 prints (the real sbatch against a real
+MaxSubmitJobs: tests/slurm/test_slurm_hiccups.py)."""
+
+import threading
+from types import SimpleNamespace
+
+import pytest
+
+import snakemake_executor_plugin_slurm as plugin
+from snakemake_interface_executor_plugins.executors.base import SubmittedJobInfo
+
+from cifarflow.controller import snakemake_fixes as fixes
+from cifarflow.controller.submit_room import SubmitRoom, refused_for_the_limit
+
+REFUSAL = ("SLURM sbatch failed. The error message was 'sbatch: error: AssocMaxSubmitJobLimit\n"
+           "sbatch: error: Batch job submission failed: Job violates accounting/QOS policy "
+           "(job submit limit, user's size and/or time limits)'.")
+OTHER = ("SLURM sbatch failed. The error message was 'sbatch: error: Batch job submission "
+         "failed: Invalid account or account/partition combination specified'.")
+
+
+def test_only_a_submit_limit_refusal_is_a_wait():
+    assert refused_for_the_limit(REFUSAL)
+    assert refused_for_the_limit("sbatch: error: QOSMaxSubmitJobPerUserLimit")
+    assert not refused_for_the_limit(OTHER)
+    # a job pending for its running-jobs limit is queued: no refusal to wait for
+    assert not refused_for_the_limit("sbatch: error: AssocMaxJobsLimit")
+
+
+def room(counts, limit=6):
+    said, slept = [], []
+    counts = iter(counts)
+    return SubmitRoom(said.append, lambda: limit, count=lambda: next(counts),
+                      recount_s=10, sleep=slept.append), said, slept
+
+
+def test_nothing_is_asked_while_no_sbatch_is_refused():
+    r, said, slept = room([])  # a count would raise StopIteration
+    for _ in range(50):
+        r.wait()
+    assert (said, slept) == ([], [])
+
+
+def test_a_refusal_waits_until_one_of_the_users_jobs_left_saying_so_once():
+    r, said, slept = room([6, 6, 6, 5, 6, 5])
+    r.refused(REFUSAL)  # 6 queued at the refusal
+    r.wait()  # 6, 6, then 5: room
+    assert slept == [10, 10, 10]
+    assert said == ["waiting: 6 of your jobs queued, MaxSubmitJobs 6: each submission waits for "
+                    "one of your jobs to leave the queue and is made again (not a failed try; "
+                    "your other jobs are left alone)"]
+    r.refused(REFUSAL)  # full again (6): waits again, silently
+    r.refused(REFUSAL)  # another thread's refusal in the same spell: no new count
+    r.wait()
+    assert len(said) == 1 and slept == [10] * 4 and r.refusals == 3
+
+
+def test_without_a_known_limit_slurms_own_words_are_said():
+    r, said, _ = room([3, None], limit=None)
+    r.refused(REFUSAL)
+    r.wait()  # squeue does not answer: one interval, then sbatch decides
+    assert said[0].startswith("waiting: 3 of your jobs queued, sbatch: error: Batch job "
+                              "submission failed: Job violates accounting/QOS policy")
+
+
+def test_submissions_of_other_threads_wait_behind_the_one_that_counts():
+    gate, counted = threading.Event(), []
+
+    def count():
+        counted.append(threading.current_thread().name)
+        return 1 if gate.is_set() else 2
+
+    r = SubmitRoom(lambda line: None, lambda: 2, count=count, recount_s=0.01)
+    r.refused(REFUSAL)
+    waiters = [threading.Thread(target=r.wait, name=f"submit-{i}") for i in range(4)]
+    for t in waiters:
+        t.start()
+    gate.set()
+    for t in waiters:
+        t.join(timeout=10)
+    assert not any(t.is_alive() for t in waiters)
+    assert not r.full
+
+
+@pytest.fixture
+def executor(monkeypatch):
+    """The real Executor class, its run_job a stand-in sbatch refused ``refusals`` times
+    (the plugin's own path: _report_job_error_threadsafe, then return), then accepted."""
+    for name in ("run_job", "_report_job_error_threadsafe"):
+        monkeypatch.setattr(plugin.Executor, name, getattr(plugin.Executor, name))
+    monkeypatch.setattr(fixes, "LISTENERS", {})
+    tries = []
+
+    def run_job(self, job):
+        tries.append(job)
+        if len(tries) <= self.refusals:
+            self._report_job_error_threadsafe(SubmittedJobInfo(job), self.message)
+        else:
+            self.submitted.append(job)
+
+    monkeypatch.setattr(plugin.Executor, "run_job", run_job)
+    ex = object.__new__(plugin.Executor)
+    ex._main_event_loop, ex.submitted, ex.errors, ex.tries = None, [], [], tries
+    ex.report_job_error = lambda job_info, msg=None: ex.errors.append((job_info.job, msg))
+    return ex
+
+
+def test_a_job_refused_for_the_limit_is_submitted_again_not_failed(executor):
+    said, counts = [], iter([4, 4, 3, 4, 3])
+    fixes.share_the_submit_limit(SubmitRoom(said.append, lambda: 4, count=lambda: next(counts),
+                                            sleep=lambda s: None))
+    job = SimpleNamespace(name="train_cpu")
+    executor.refusals, executor.message = 2, REFUSAL
+    executor.run_job(job)
+    assert executor.tries == [job] * 3 and executor.submitted == [job]
+    assert executor.errors == [] and len(said) == 1
+
+
+def test_any_other_refusal_is_the_jobs_failure_as_before(executor):
+    fixes.share_the_submit_limit(SubmitRoom(lambda line: None, lambda: 4, count=lambda: 0))
+    job = SimpleNamespace(name="train_cpu")
+    executor.refusals, executor.message = 1, OTHER
+    executor.run_job(job)
+    assert executor.tries == [job] and executor.errors == [(job, OTHER)]
