@@ -24,6 +24,8 @@
 #                                         # (`start` brings it back)
 #   tests/slurm/cluster.sh stop-accounting  # an accounting outage: slurmdbd stopped
 #                                         # (`start` brings it back)
+#   tests/slurm/cluster.sh stop-controller  # a slurmctld restart: stopped with its state
+#                                         # saved (`start` brings it back, jobs and all)
 #
 # Needs root. No systemd: daemons are started by hand.
 # Env knobs:
@@ -685,6 +687,11 @@ cmd_stop_accounting() { # an accounting outage: slurmdbd stopped (`start` brings
     kill_and_wait slurmdbd "$DBD_PID"
 }
 
+cmd_stop_controller() { # a slurmctld restart: stopped, its state saved (`start` brings it back)
+    need_root
+    kill_and_wait slurmctld "$CTLD_PID"
+}
+
 cmd_status() {
     local rc=0 n
     sinfo || rc=1
@@ -704,5 +711,6 @@ case ${1:-} in
     status) cmd_status ;;
     kill-node) cmd_kill_node "${2:-}" ;;
     stop-accounting) cmd_stop_accounting ;;
-    *) echo "usage: $0 {start|stop|status|kill-node NODE|stop-accounting}" >&2; exit 2 ;;
+    stop-controller) cmd_stop_controller ;;
+    *) echo "usage: $0 {start|stop|status|kill-node NODE|stop-accounting|stop-controller}" >&2; exit 2 ;;
 esac

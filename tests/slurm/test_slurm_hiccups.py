@@ -7,6 +7,8 @@
   change the whole cluster: the Slurm tests run one at a time) and started again: the
   controller says once that accounting does not answer and once that it answers again, and
   the sweep ends with every row ok and no extra try (it stopped submitting for good);
+- slurmctld stopped in the middle of a sweep and started again with its saved state (a
+  restart for maintenance): every row ok, no extra try;
 - the user's submit limit (MaxSubmitJobs 4, set on the association for this test) filled by
   two held jobs of the user's own from elsewhere: the sweep waits for room, saying so once,
   and ends with every row ok, no extra try, the held jobs untouched (its sbatch refusals
@@ -86,6 +88,38 @@ def test_an_accounting_outage_is_ridden_out(tmp_path, accounting_outage):
     rows = summary_rows(tmp_path)
     assert len(rows) == 2 and {r["status"] for r in rows.values()} == {"ok"}, rows
     assert {r["attempts"] for r in rows.values()} == {"2"}  # 2 segments, one try each
+
+
+@pytest.fixture
+def controller_restart():
+    """Stops slurmctld (its state saved) when called; starts the cluster's daemons again
+    after the test, whatever it did."""
+    def stop():
+        subprocess.run(["bash", CLUSTER, "stop-controller"], check=True, capture_output=True)
+
+    yield stop
+    subprocess.run(["bash", CLUSTER, "start"], check=True, capture_output=True)
+
+
+def test_a_slurmctld_restart_is_ridden_out(tmp_path, controller_restart):
+    """slurmctld stopped for half a minute while the sweep's first segments are queued and
+    one trains (they end while it is down: slurmd tells it once it is back), then started
+    with its saved state: every row ok, one try each, usage from sacct."""
+    config = sweep_config(tmp_path / "sweep.yaml", runs=2, runs_per_job=1)
+    marker = tmp_path / "stopped.pid"
+    proc = start(tmp_path, config, **stop_at("before-first-batch", "segment-1", marker))
+    frozen = self_stopped(marker, proc)
+    controller_restart()
+    time.sleep(10)
+    os.kill(frozen, signal.SIGCONT)
+    time.sleep(20)
+    subprocess.run(["bash", CLUSTER, "start"], check=True, capture_output=True)
+    out = proc.communicate(timeout=900)[0]
+    assert proc.returncode == 0, out[-4000:]
+    rows = summary_rows(tmp_path)
+    assert len(rows) == 2 and {r["status"] for r in rows.values()} == {"ok"}, rows
+    assert {r["attempts"] for r in rows.values()} == {"2"}  # 2 segments, one try each
+    assert {r["usage_from"] for r in rows.values()} == {"sacct"}, rows
 
 
 @pytest.fixture

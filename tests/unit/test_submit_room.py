@@ -12,7 +12,7 @@ import snakemake_executor_plugin_slurm as plugin
 from snakemake_interface_executor_plugins.executors.base import SubmittedJobInfo
 
 from cifarflow.controller import snakemake_fixes as fixes
-from cifarflow.controller.submit_room import SubmitRoom, refused_for_the_limit
+from cifarflow.controller.submit_room import SubmitRoom, waits_for
 
 REFUSAL = ("SLURM sbatch failed. The error message was 'sbatch: error: AssocMaxSubmitJobLimit\n"
            "sbatch: error: Batch job submission failed: Job violates accounting/QOS policy "
@@ -21,12 +21,17 @@ OTHER = ("SLURM sbatch failed. The error message was 'sbatch: error: Batch job s
          "failed: Invalid account or account/partition combination specified'.")
 
 
-def test_only_a_submit_limit_refusal_is_a_wait():
-    assert refused_for_the_limit(REFUSAL)
-    assert refused_for_the_limit("sbatch: error: QOSMaxSubmitJobPerUserLimit")
-    assert not refused_for_the_limit(OTHER)
+CONTROLLER_DOWN = ("SLURM sbatch failed. The error message was 'sbatch: error: Batch job "
+                   "submission failed: Unable to contact slurm controller (connect failure)'.")
+
+
+def test_a_submit_limit_and_a_silent_controller_are_waits_any_other_refusal_is_not():
+    assert waits_for(REFUSAL) == "room"
+    assert waits_for("sbatch: error: QOSMaxSubmitJobPerUserLimit") == "room"
+    assert waits_for(CONTROLLER_DOWN) == "controller"
+    assert waits_for(OTHER) is None
     # a job pending for its running-jobs limit is queued: no refusal to wait for
-    assert not refused_for_the_limit("sbatch: error: AssocMaxJobsLimit")
+    assert waits_for("sbatch: error: AssocMaxJobsLimit") is None
 
 
 def room(counts, limit=6):
@@ -55,6 +60,17 @@ def test_a_refusal_waits_until_one_of_the_users_jobs_left_saying_so_once():
     r.refused(REFUSAL)  # another thread's refusal in the same spell: no new count
     r.wait()
     assert len(said) == 1 and slept == [10] * 4 and r.refusals == 3
+
+
+def test_a_silent_controller_is_asked_again_each_interval_without_counting():
+    r, said, slept = room([])  # squeue is not asked: it needs slurmctld too
+    r.refused(CONTROLLER_DOWN)
+    r.wait()
+    r.refused(CONTROLLER_DOWN)
+    r.wait()
+    assert slept == [10, 10] and len(said) == 1
+    assert said[0].startswith("slurmctld does not answer sbatch (sbatch: error: Batch job "
+                              "submission failed: Unable to contact slurm controller")
 
 
 def test_without_a_known_limit_slurms_own_words_are_said():

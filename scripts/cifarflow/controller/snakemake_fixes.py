@@ -19,7 +19,7 @@ import threading
 import time
 
 from ..job.snakemake_start import layout_changed
-from .submit_room import refused_for_the_limit
+from .submit_room import waits_for
 
 SNAKEMAKE, SLURM = "snakemake", "snakemake-executor-plugin-slurm"
 INTERFACE = "snakemake-interface-executor-plugins"
@@ -202,7 +202,8 @@ def share_the_submit_limit(room) -> None:
     it at once, it is refused again, and the workflow fails with runs trained and no summary.
     Here such a refusal never reaches Snakemake: the submission waits for room
     (``room``: submit_room.SubmitRoom, shared by the plugin's submission threads) and is
-    made again; any other refusal is reported as before."""
+    made again; so is an sbatch that found no slurmctld (restarted for maintenance); any
+    other refusal is reported as before."""
     import snakemake_executor_plugin_slurm as plugin
 
     LISTENERS["room"] = room
@@ -212,7 +213,7 @@ def share_the_submit_limit(room) -> None:
         return
 
     def _report_job_error_threadsafe(self, job_info, msg, *args, **kwargs):
-        if getattr(SUBMITTING, "job", None) is job_info.job and refused_for_the_limit(str(msg)):
+        if getattr(SUBMITTING, "job", None) is job_info.job and waits_for(str(msg)):
             SUBMITTING.refused = str(msg)
             return
         report(self, job_info, msg, *args, **kwargs)
