@@ -214,7 +214,8 @@ def test_a_job_cancelled_from_outside_fails_at_the_next_check_named_and_not_retr
     assert job.errors[0].startswith("Slurm job 2 (train_cpu_wildcards_r2_1) was cancelled by "
                                     "root (uid 0), not by this workflow: its run is reported "
                                     "cancelled and not retried")
-    assert cancelled == [("2", "train_cpu_wildcards_r2_1", "root (uid 0)", "r2")]
+    assert cancelled == [("2", "train_cpu_wildcards_r2_1", "root (uid 0)",
+                          {"run": "r2", "segment": "1"})]
     assert not any("sacct -j 2." in c for c in slurm_bin.calls("sacct"))  # no 10 step asks
     # Snakemake's error handling: a fault is retried, the cancelled job fails for good
     fault = Job("r3")
@@ -233,7 +234,7 @@ def test_a_job_squeue_lists_cancelled_during_an_outage_is_named_too(pristine, sl
     slurm_bin("squeue", "4|CANCELLED")
     assert status_round(ex, jobs(4)) == []
     assert cancelled == [("4", "train_cpu_wildcards_r4_1",
-                          "someone (Slurm does not say who)", "r4")]
+                          "someone (Slurm does not say who)", {"run": "r4", "segment": "1"})]
 
 
 def fake_scheduler(job):
@@ -247,11 +248,14 @@ def fake_scheduler(job):
 
 def test_a_cancelled_run_is_recorded_and_its_summary_row_says_cancelled(tmp_path):
     owner = Ownership(str(tmp_path), "1.1", str(tmp_path), {})
-    owner.job_cancelled("42", "train_cpu_wildcards_r2_1", "root (uid 0)", "r2")
-    owner.job_cancelled("43", "train_pack_wildcards_p0_1", "uid 1000", "")
+    owner.job_cancelled("42", "train_cpu_wildcards_r2_1", "root (uid 0)", ["r2"])
+    owner.job_cancelled("43", "train_pack_wildcards_p0_1", "uid 1000", [])
+    owner.job_cancelled("44", "train_cpu_wildcards_cpu-pack002_1", "uid 1000", ["m2", "m3"])
     cancelled = JobRecord(str(tmp_path)).cancelled()
-    assert set(cancelled) == {"42", "43"} and cancelled["42"]["by"] == "root (uid 0)"
+    assert set(cancelled) == {"42", "43", "44"} and cancelled["42"]["by"] == "root (uid 0)"
     assert was_cancelled("r2", {}, cancelled)
+    # a pack cancelled before it started: its members have no try, the record names them
+    assert was_cancelled("m2", {}, cancelled) and was_cancelled("m3", {}, cancelled)
     member = tmp_path / "runs" / "m1"
     (member / "segment-1").mkdir(parents=True)
     (member / "tries.jsonl").write_text('{"segment": 1, "attempt": 1, "event": "start", '

@@ -130,6 +130,16 @@ def test_a_segment_job_and_a_pack_member_run_the_same_command(tmp_path, bin_dir,
             order.attempt) == (2 * k, 2, 30.0, 4000, 3)
 
 
+def test_a_cancelled_job_names_the_runs_it_trains(tmp_path, bin_dir):
+    """What a job cancelled from outside is recorded with (snakemake_fixes hands its
+    wildcards): its run, or every member of its pack's segment, started or not."""
+    plan = make_plan(tmp_path, bin_dir, sweep={"lr": [0.1, 0.2, 0.3]}, pack={"runs_per_job": 2})
+    assert plan.runs_of({"run": "cpu_lr0p2", "segment": "1"}) == ["cpu_lr0p2"]
+    assert plan.runs_of({"pack": "cpu-pack001", "segment": "1"}) == plan.packs["cpu-pack001"].members
+    assert len(plan.packs["cpu-pack001"].members) == 2
+    assert plan.runs_of({}) == []  # the environment record trains none
+
+
 def test_a_pack_job_command_is_what_train_pack_reads(tmp_path, bin_dir):
     plan = make_plan(tmp_path, bin_dir, sweep={"lr": [0.1, 0.2, 0.3]}, pack={"runs_per_job": 2})
     assert sorted(plan.packs) == ["cpu-pack001", "cpu-pack002"] and plan.packed == ["cpu"]

@@ -83,10 +83,12 @@ class Ownership:
         self.submitted[job] = rule
         self.record.add("job", self.invocation, job=job, rule=rule)
 
-    def job_cancelled(self, job: str, rule: str, who: str, run: str = "") -> None:
+    def job_cancelled(self, job: str, rule: str, who: str, runs: list[str] = ()) -> None:
         """A job of this workflow was cancelled from outside (snakemake_fixes.
-        notice_outages_and_cancellations): recorded, its run's summary row says cancelled."""
-        self.record.add("cancelled", self.invocation, job=job, rule=rule, by=who, run=run)
+        notice_outages_and_cancellations): recorded with the runs it trains (a pack's
+        members, started or not), whose summary rows say cancelled."""
+        self.record.add("cancelled", self.invocation, job=job, rule=rule, by=who,
+                        runs=list(runs))
 
     def replace_stale_lock(self, say: Callable[[str], None], replace: bool = True,
                            alive=controller_alive) -> list[str]:

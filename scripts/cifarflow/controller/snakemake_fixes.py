@@ -302,7 +302,8 @@ def notice_outages_and_cancellations(say, on_cancelled, queue_states=None) -> No
       each held the check for 5 minutes while sacct hung);
     - a CANCELLED job (scancel, a second command, the site) is reported failed with one line
       naming its id, rule and wildcards and who cancelled, is not retried (NOT_RETRIED), and
-      ``on_cancelled(job id, rule, who, run)`` records it (its run's summary row: cancelled)."""
+      ``on_cancelled(job id, rule, who, wildcards)`` records it (the summary row of each run
+      it trains, a pack's members too: cancelled)."""
     import snakemake_executor_plugin_slurm as plugin
 
     from .. import slurm
@@ -346,9 +347,8 @@ def notice_outages_and_cancellations(say, on_cancelled, queue_states=None) -> No
         line = (f"Slurm job {job_info.external_jobid} ({label}) was cancelled by {who}, not "
                 "by this workflow: its run is reported cancelled and not retried (--retries "
                 "are for faults)")
-        wildcards = dict(getattr(job, "wildcards_dict", None) or {})
-        LISTENERS["cancelled"](str(job_info.external_jobid), label, who,
-                               str(wildcards.get("run", "")))
+        wildcards = {k: str(v) for k, v in (getattr(job, "wildcards_dict", None) or {}).items()}
+        LISTENERS["cancelled"](str(job_info.external_jobid), label, who, wildcards)
         self.report_job_error(job_info, msg=line + ". ")
 
     async def check_active_jobs(self, active_jobs):

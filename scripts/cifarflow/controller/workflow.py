@@ -110,6 +110,18 @@ class WorkflowPlan:
             raise error(f"config error: {exc}")
         return cls(config, basedir, runs, packs, **kw)
 
+    def runs_of(self, wildcards: dict) -> list[str]:
+        """The runs a job trains, from its wildcards: its run, or its pack's members."""
+        if "run" in wildcards:
+            return [wildcards["run"]]
+        if "pack" in wildcards:
+            return self.chain.members(wildcards["pack"], int(wildcards["segment"]))
+        return []
+
+    def job_cancelled(self, job: str, rule: str, who: str, wildcards: dict) -> None:
+        """A job cancelled from outside: recorded with the runs it trains (ownership.py)."""
+        self.ownership.job_cancelled(job, rule, who, self.runs_of(wildcards))
+
     def start_main_process(self, workdir: str = ".", on_slurm: Callable[[], bool] = lambda: False,
                            training: Callable[[], bool] = lambda: False,
                            environ=os.environ) -> None:
@@ -137,7 +149,7 @@ class WorkflowPlan:
         tell_when_locked(self.ownership.lock_taken)
         tell_each_submission(self.ownership.job_submitted)
         # an accounting outage keeps the jobs; a scancel from outside ends its run, no retry
-        notice_outages_and_cancellations(self.log.warning, self.ownership.job_cancelled)
+        notice_outages_and_cancellations(self.log.warning, self.job_cancelled)
         # an sbatch refused for the user's submit limit waits for room, no try spent
         share_the_submit_limit(SubmitRoom(self.log.warning,
                                           lambda: (read_limits() or {}).get("max_submit")))

@@ -111,8 +111,9 @@ def summarize_run(name: str, run: dict, states_of=None) -> dict:
 
 def was_cancelled(name: str, run: dict, cancelled: dict[str, dict]) -> bool:
     """Whether a job of this run was cancelled from outside (``cancelled``: the controller's
-    record, slurm_queue.JobRecord.cancelled): named by its run, or a try's job (a pack's)."""
-    if any(e.get("run") == name for e in cancelled.values()):
+    record, slurm_queue.JobRecord.cancelled): among the runs it names (a pack's members,
+    before they started too), or a try's job."""
+    if any(name in e.get("runs", [e.get("run")]) for e in cancelled.values()):
         return True
     path = run.get("metrics")
     if not path or not cancelled:
