@@ -400,7 +400,8 @@ def test_pruned_runs_submit_no_further_jobs(tmp_path):
     segment."""
     four = tmp_path / "four.yaml"
     four.write_text("sweep: {lr: [0.1, 0.02, 0.00001, 50.0]}\n")  # two that cannot learn
-    out = slurm(tmp_path, configfile=[ROOT / "tests" / "configs" / "prune" / "config.yaml", four])
+    prune = ROOT / "tests" / "configs" / "prune" / "config.yaml"
+    out = slurm(tmp_path, configfile=[prune, four])
     jobs = submitted(out.stdout + out.stderr)
     per_run = {}
     for line in re.findall(r"rule_train_cpu_wildcards_(\S+?)_(\d+)\b", out.stdout + out.stderr):

@@ -82,8 +82,9 @@ class SubmitRoom:
                 return
             self.told.add(kind)
             if kind == "controller":
-                self.say(f"slurmctld does not answer sbatch ({sbatch_words(message)}): each submission is made "
-                         f"again every {self.recount_s:g} s until it answers (not a failed try)")
+                self.say(f"slurmctld does not answer sbatch ({sbatch_words(message)}): each "
+                         f"submission is made again every {self.recount_s:g} s until it "
+                         "answers (not a failed try)")
                 return
             limit = self.limit_of()
             queued = "?" if self.full_at is None else self.full_at
