@@ -371,8 +371,10 @@ def test_preempted_ddp_ranks_stop_together_and_the_chain_goes_on(tmp_path):
 
 def test_ctrl_c_cancels_the_running_segment_and_stops(tmp_path):
     """Retries and requeue notwithstanding, Ctrl-C on Snakemake still stops the workflow:
-    it cancels the running segment's job and exits, and nothing is resubmitted."""
-    proc, jobid = start_long_segment(tmp_path)
+    it cancels the running segment's job and exits, and nothing is resubmitted. The segment
+    is frozen at its first in-segment save: it cannot end before the Ctrl-C however fast or
+    loaded the machine, and it spends no CPU meanwhile."""
+    proc, jobid = start_long_segment(tmp_path, epochs=4, frozen=True)
     proc.send_signal(signal.SIGINT)
     output = proc.communicate(timeout=120)[0]
     assert proc.returncode != 0, output[-2000:]

@@ -95,6 +95,25 @@ def test_slurms_refusal_is_the_plans_in_its_own_words():
                             "--cpus-per-task=1); resources.runtime 2000 min of run cpu")
 
 
+def test_a_full_queue_now_is_a_wait_not_a_refusal_and_a_silent_controller_says_nothing():
+    """sbatch --test-only answers AssocMaxSubmitJobLimit while the user's other jobs fill
+    the submit limit: the plan is not refused (its submissions wait for room); where
+    slurmctld does not answer, the plan is left unchecked, not refused."""
+    full = reply("sbatch: error: AssocMaxSubmitJobLimit\nsbatch: error: Batch job submission "
+                 "failed: Job violates accounting/QOS policy (job submit limit, user's size "
+                 "and/or time limits)")
+    verdict = ask_slurm([job("run cpu")], SITE, {}, ask=lambda flags: full)
+    assert verdict.errors == [] and verdict.answered
+    [note] = verdict.notes
+    assert note.startswith("run cpu: your share of Slurm's queue is full now (")
+    assert note.endswith("its submissions will wait for one of your jobs to leave the queue "
+                         "(no try spent)")
+    silent = reply("sbatch: error: Batch job submission failed: Unable to contact slurm "
+                   "controller (connect failure)")
+    verdict = ask_slurm([job("run cpu")], SITE, {}, ask=lambda flags: silent)
+    assert (verdict.errors, verdict.notes, verdict.answered) == ([], [], False)
+
+
 def test_a_job_slurm_takes_but_places_where_it_never_starts_is_refused():
     """EnforcePartLimits=NO: a 300-minute job is taken in a 180-minute partition, and pends
     forever there."""

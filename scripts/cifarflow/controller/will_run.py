@@ -27,6 +27,7 @@ from typing import Callable
 
 from .. import slurm
 from .routing import job_error
+from .submit_room import waits_for
 
 # what a refusal says: the submit plugin's own words (sbatch: error: ...), else Slurm's
 REFUSED = re.compile(r"^sbatch: error: (?!Batch job submission failed: )(.*)$", re.M)
@@ -133,6 +134,15 @@ def ask_slurm(jobs: list[tuple[str, dict, int, dict]], partitions: dict | None,
             continue
         model = next((model_errors.get(m[0]) for m in members if model_errors.get(m[0])), None)
         asked = f"sbatch --test-only {shlex.join(flags)}"
+        wait = waits_for(answer.reason) if answer.reason else None
+        if wait == "controller":  # slurmctld does not answer now: nothing said of the job
+            answered = False
+            continue
+        if wait == "room":  # your queue is full now, not the job refused: it waits its turn
+            verdict.notes.append(f"{who}: your share of Slurm's queue is full now "
+                                 f"({answer.reason}): its submissions will wait for one of "
+                                 "your jobs to leave the queue (no try spent)")
+            continue
         if answer.reason:
             verdict.errors.append(f"{who}: Slurm refuses it: {answer.reason} ({asked})"
                                   + (f"; {model}" if model else ""))
