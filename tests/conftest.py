@@ -456,17 +456,18 @@ def train_until_saved(pids: list[int], work_dir: Path, step_s: float = 0.02,
 
 SWEEP = ("strategies: [cpu]\ndata: {{source: synthetic, synthetic: {{train_size: 1000, "
          "test_size: 200}}}}\ntrain: {{epochs: 2, batch_size: 100, log_interval_s: 100{train}}}\n"
-         "segments: {{count: 2}}\nresources: {{cpus_per_task: 1, mem_mb: {mem_mb}, runtime: 10}}\n"
+         "segments: {{count: {segments}}}\n"
+         "resources: {{cpus_per_task: 1, mem_mb: {mem_mb}, runtime: 10}}\n"
          "sweep: {{lr: {lrs}}}\npack: {{runs_per_job: {k}}}\n")
 
 
 def sweep_config(path: Path, runs: int, runs_per_job: int, train: str = "",
-                 mem_mb: int = 1000) -> Path:
+                 mem_mb: int = 1000, segments: int = 2) -> Path:
     """A sweep of tiny cpu runs (2 epochs in 2 segments), in packs of runs_per_job; `train`:
     more train keys (YAML), e.g. "checkpoint_interval_s: 0.001"."""
     path.write_text(SWEEP.format(lrs=[round(0.01 * (i + 1), 4) for i in range(runs)],
                                  k=runs_per_job, train=f", {train}" if train else "",
-                                 mem_mb=mem_mb))
+                                 mem_mb=mem_mb, segments=segments))
     return path
 
 

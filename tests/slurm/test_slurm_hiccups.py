@@ -9,13 +9,18 @@
   the sweep ends with every row ok and no extra try (it stopped submitting for good);
 - slurmctld stopped in the middle of a sweep and started again with its saved state (a
   restart for maintenance): every row ok, no extra try;
-- the user's submit limit (MaxSubmitJobs 4, set on the association for this test) filled by
-  two held jobs of the user's own from elsewhere: the sweep waits for room, saying so once,
-  and ends with every row ok, no extra try, the held jobs untouched (its sbatch refusals
-  were failed tries, retried into the same refusal, and the workflow exited 1)."""
+- the user's submit limit (MaxSubmitJobs 4, set on the association for this test) half
+  filled by two held jobs of the user's own from elsewhere: a 12-run sweep waits for room,
+  two jobs at a time, saying so once, and ends with every row ok, no extra try, the held
+  jobs untouched (its sbatch refusals were failed tries, retried into the same refusal, and
+  the workflow exited 1);
+- through the outage, no status check is skipped: a stand-in sacct first on the
+  controller's PATH logs each call (then runs the real one), and no two of the plugin's
+  status queries are further apart than its longest interval (they stopped for good)."""
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -71,17 +76,47 @@ def accounting_outage():
     subprocess.run(["bash", CLUSTER, "start"], check=True, capture_output=True)
 
 
+# the plugin's longest wait between two status checks of active jobs (its max_sleep_time:
+# each check that sees no job end waits 10 s longer, up to this), and sacct's own timeout
+PLUGIN_LONGEST_INTERVAL_S, SACCT_TIMEOUT_S = 180, 60
+
+
+def logging_sacct(tmp_path):
+    """A stand-in sacct that logs the time and arguments of each call, then runs the real
+    one; a PATH with it first, and the log."""
+    bin_dir, log = tmp_path / "bin", tmp_path / "sacct-calls.log"
+    bin_dir.mkdir()
+    (bin_dir / "sacct").write_text(f'#!/bin/sh\necho "$(date +%s.%N) $*" >> {log}\n'
+                                   f'exec {shutil.which("sacct")} "$@"\n')
+    (bin_dir / "sacct").chmod(0o755)
+    return f"{bin_dir}{os.pathsep}{os.environ['PATH']}", log
+
+
+def status_queries(log) -> list[float]:
+    """When the plugin asked sacct for the state of the workflow's jobs."""
+    return [float(line.split(" ", 1)[0]) for line in log.read_text().splitlines()
+            if "--format=JobIdRaw,State" in line]
+
+
 def test_an_accounting_outage_is_ridden_out(tmp_path, accounting_outage):
     config = sweep_config(tmp_path / "sweep.yaml", runs=2, runs_per_job=1)
     marker = tmp_path / "stopped.pid"
-    proc = start(tmp_path, config, **stop_at("before-first-batch", "segment-1", marker))
+    path, calls = logging_sacct(tmp_path)
+    proc = start(tmp_path, config, PATH=path,
+                 **stop_at("before-first-batch", "segment-1", marker))
     frozen = self_stopped(marker, proc)
     accounting_outage()
+    down = time.time()
     time.sleep(20)  # several status checks (1 s apart) meet no accounting
     os.kill(frozen, signal.SIGCONT)
     time.sleep(20)  # the first segments end while accounting is down
     subprocess.run(["bash", CLUSTER, "start"], check=True, capture_output=True)
+    up = time.time()
     out = proc.communicate(timeout=900)[0]
+    asked = status_queries(calls)
+    assert any(down < t < up for t in asked) and any(t > up for t in asked), (down, up, asked)
+    gaps = [b - a for a, b in zip(asked, asked[1:])]
+    assert max(gaps) <= PLUGIN_LONGEST_INTERVAL_S + SACCT_TIMEOUT_S, gaps
     assert proc.returncode == 0, out[-4000:]
     assert out.count("Slurm's accounting (the status command, sacct) does not answer") == 1
     assert "Slurm's accounting answers again" in out, out[-4000:]
@@ -146,7 +181,7 @@ def test_a_sweep_waits_for_room_in_the_users_share_of_the_queue(tmp_path, submit
                             "--output=/dev/null", f"--job-name={prefix}_held", "--wrap", "true"],
                            capture_output=True, text=True, check=True).stdout.strip()
             for _ in range(2)]
-    config = sweep_config(tmp_path / "sweep.yaml", runs=2, runs_per_job=1)  # 4 jobs and 1
+    config = sweep_config(tmp_path / "sweep.yaml", runs=12, runs_per_job=1, segments=1)
     proc = start(tmp_path, config, "--jobs", 4)  # what -n asks for, at the limit
     out = proc.communicate(timeout=900)[0]
     assert proc.returncode == 0, out[-4000:]
@@ -155,7 +190,7 @@ def test_a_sweep_waits_for_room_in_the_users_share_of_the_queue(tmp_path, submit
                      r"waits", out), out[-4000:]
     assert "SLURM sbatch failed" not in out
     rows = summary_rows(tmp_path)
-    assert len(rows) == 2 and {r["status"] for r in rows.values()} == {"ok"}, rows
-    assert {r["attempts"] for r in rows.values()} == {"2"}  # 2 segments, one try each
+    assert len(rows) == 12 and {r["status"] for r in rows.values()} == {"ok"}, rows
+    assert {r["attempts"] for r in rows.values()} == {"1"}  # one try each
     states = slurm_jobs(prefix)
     assert [states[job][0] for job in held] == ["PENDING", "PENDING"], states

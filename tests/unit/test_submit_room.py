@@ -1,5 +1,5 @@
 """A full queue is a wait, not a failure (issue 55): SubmitRoom's counting, and the fix
-(snakemake_fixes.share_the_submit_limit) on the real plugin Executor class, its run_job
+(submit_room.share_the_submit_limit) on the real plugin Executor class, its run_job
 standing in for sbatch with the refusal Slurm 22.05 prints (the real sbatch against a real
 MaxSubmitJobs: tests/slurm/test_slurm_hiccups.py)."""
 
@@ -12,7 +12,7 @@ import snakemake_executor_plugin_slurm as plugin
 from snakemake_interface_executor_plugins.executors.base import SubmittedJobInfo
 
 from cifarflow.controller import snakemake_fixes as fixes
-from cifarflow.controller.submit_room import SubmitRoom, waits_for
+from cifarflow.controller.submit_room import SubmitRoom, share_the_submit_limit, waits_for
 
 REFUSAL = ("SLURM sbatch failed. The error message was 'sbatch: error: AssocMaxSubmitJobLimit\n"
            "sbatch: error: Batch job submission failed: Job violates accounting/QOS policy "
@@ -48,7 +48,7 @@ def test_nothing_is_asked_while_no_sbatch_is_refused():
     assert (said, slept) == ([], [])
 
 
-def test_a_refusal_waits_until_one_of_the_users_jobs_left_saying_so_once():
+def test_a_refusal_waits_until_the_users_jobs_are_fewer_than_the_limit_saying_so_once():
     r, said, slept = room([6, 6, 6, 5, 6, 5])
     r.refused(REFUSAL)  # 6 queued at the refusal
     r.wait()  # 6, 6, then 5: room
@@ -56,10 +56,35 @@ def test_a_refusal_waits_until_one_of_the_users_jobs_left_saying_so_once():
     assert said == ["waiting: 6 of your jobs queued, MaxSubmitJobs 6: each submission waits for "
                     "one of your jobs to leave the queue and is made again (not a failed try; "
                     "your other jobs are left alone)"]
-    r.refused(REFUSAL)  # full again (6): waits again, silently
-    r.refused(REFUSAL)  # another thread's refusal in the same spell: no new count
+    r.refused(REFUSAL)  # full again: waits again, silently
+    r.refused(REFUSAL)  # another thread's refusal in the same spell: nothing said, no count
+    r.wait()  # 6, then 5
+    assert len(said) == 1 and slept == [10] * 5 and r.refusals == 3
+    r.accepted()  # sbatch took one: the next submission goes at once
     r.wait()
-    assert len(said) == 1 and slept == [10] * 4 and r.refusals == 3
+    assert slept == [10] * 5
+
+
+def test_a_refusal_counted_once_the_queue_emptied_does_not_wait_forever():
+    """The hang it fixes: two submissions refused at once; by the time the second counted,
+    this workflow's jobs had left the queue and only the user's two held jobs were in it, and
+    it waited for fewer than 2 (the count at its refusal), forever. Against the limit, the
+    held jobs leave room."""
+    r, said, slept = room([4, 2], limit=4)
+    r.refused(REFUSAL)  # 4 at the refusal: 2 held, 2 of this workflow's
+    r.refused(REFUSAL)  # the other thread's; by now this workflow's jobs ended
+    r.wait()
+    assert slept == [10]
+
+
+def test_a_count_that_never_falls_below_the_limit_lets_sbatch_decide_every_minute():
+    """squeue --me counts the jobs of every account; the limit is per account: the count can
+    stay at the limit while the account refused has room. sbatch is asked again after
+    retry_s, whatever the count."""
+    r, said, slept = room([9] * 10, limit=4)
+    r.refused(REFUSAL)
+    r.wait()
+    assert slept == [10] * 6  # 60 s: retry_s
 
 
 def test_a_silent_controller_is_asked_again_each_interval_without_counting():
@@ -73,15 +98,16 @@ def test_a_silent_controller_is_asked_again_each_interval_without_counting():
                               "submission failed: Unable to contact slurm controller")
 
 
-def test_without_a_known_limit_slurms_own_words_are_said():
-    r, said, _ = room([3, None], limit=None)
+def test_without_a_known_limit_slurms_own_words_are_said_and_sbatch_decides():
+    r, said, slept = room([3], limit=None)
     r.refused(REFUSAL)
-    r.wait()  # squeue does not answer: one interval, then sbatch decides
+    r.wait()  # nothing to count against: sbatch is asked again after retry_s
     assert said[0].startswith("waiting: 3 of your jobs queued, sbatch: error: Batch job "
                               "submission failed: Job violates accounting/QOS policy")
+    assert slept == [10] * 6
 
 
-def test_submissions_of_other_threads_wait_behind_the_one_that_counts():
+def test_no_waiting_submission_holds_the_others():
     gate, counted = threading.Event(), []
 
     def count():
@@ -97,7 +123,7 @@ def test_submissions_of_other_threads_wait_behind_the_one_that_counts():
     for t in waiters:
         t.join(timeout=10)
     assert not any(t.is_alive() for t in waiters)
-    assert not r.full
+    assert {f"submit-{i}" for i in range(4)} <= set(counted)  # each counted for itself
 
 
 @pytest.fixture
@@ -125,8 +151,8 @@ def executor(monkeypatch):
 
 def test_a_job_refused_for_the_limit_is_submitted_again_not_failed(executor):
     said, counts = [], iter([4, 4, 3, 4, 3])
-    fixes.share_the_submit_limit(SubmitRoom(said.append, lambda: 4, count=lambda: next(counts),
-                                            sleep=lambda s: None))
+    share_the_submit_limit(SubmitRoom(said.append, lambda: 4, count=lambda: next(counts),
+                                      sleep=lambda s: None))
     job = SimpleNamespace(name="train_cpu")
     executor.refusals, executor.message = 2, REFUSAL
     executor.run_job(job)
@@ -135,8 +161,24 @@ def test_a_job_refused_for_the_limit_is_submitted_again_not_failed(executor):
 
 
 def test_any_other_refusal_is_the_jobs_failure_as_before(executor):
-    fixes.share_the_submit_limit(SubmitRoom(lambda line: None, lambda: 4, count=lambda: 0))
+    share_the_submit_limit(SubmitRoom(lambda line: None, lambda: 4, count=lambda: 0))
     job = SimpleNamespace(name="train_cpu")
     executor.refusals, executor.message = 1, OTHER
     executor.run_job(job)
     assert executor.tries == [job] and executor.errors == [(job, OTHER)]
+
+
+def test_what_the_fix_raises_is_the_jobs_error_not_a_job_never_submitted(executor):
+    """The plugin runs run_job in a thread pool and drops what it raises: the job would be
+    neither submitted nor failed, and the workflow would wait on it forever."""
+    def count():
+        raise OSError("squeue: no such file")
+
+    share_the_submit_limit(SubmitRoom(lambda line: None, lambda: 4, count=count,
+                                      sleep=lambda s: None))
+    job = SimpleNamespace(name="train_cpu")
+    executor.refusals, executor.message = 1, REFUSAL
+    executor.run_job(job)
+    assert executor.submitted == [] and len(executor.errors) == 1
+    assert executor.errors[0][1] == ("cifarflow could not submit it: "
+                                     "OSError('squeue: no such file')")

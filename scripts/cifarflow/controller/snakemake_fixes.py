@@ -15,11 +15,9 @@ set. ``tests/integration/test_snakemake_fixes.py`` reproduces the loss without t
 
 from __future__ import annotations
 
-import threading
 import time
 
 from ..job.snakemake_start import layout_changed
-from .submit_room import waits_for
 
 SNAKEMAKE, SLURM = "snakemake", "snakemake-executor-plugin-slurm"
 INTERFACE = "snakemake-interface-executor-plugins"
@@ -190,50 +188,6 @@ def let_the_site_route() -> None:
 
     get_default_partition.cifarflow_fix = True
     plugin.get_default_partition = get_default_partition
-
-
-SUBMITTING = threading.local()  # the job this submission thread submits, and its refusal
-
-
-def share_the_submit_limit(room) -> None:
-    """The Slurm plugin (2.8) reports an sbatch refused for the user's submit limit
-    (AssocMaxSubmitJobLimit: the queue already holds as many of the user's jobs as Slurm
-    allows, many of them perhaps not this workflow's) as the job's failure: Snakemake retries
-    it at once, it is refused again, and the workflow fails with runs trained and no summary.
-    Here such a refusal never reaches Snakemake: the submission waits for room
-    (``room``: submit_room.SubmitRoom, shared by the plugin's submission threads) and is
-    made again; so is an sbatch that found no slurmctld (restarted for maintenance); any
-    other refusal is reported as before."""
-    import snakemake_executor_plugin_slurm as plugin
-
-    LISTENERS["room"] = room
-    run = patched(plugin.Executor, "run_job", SLURM)
-    report = patched(plugin.Executor, "_report_job_error_threadsafe", SLURM)
-    if getattr(run, "cifarflow_fix", False):
-        return
-
-    def _report_job_error_threadsafe(self, job_info, msg, *args, **kwargs):
-        if getattr(SUBMITTING, "job", None) is job_info.job and waits_for(str(msg)):
-            SUBMITTING.refused = str(msg)
-            return
-        report(self, job_info, msg, *args, **kwargs)
-
-    def run_job(self, job):
-        SUBMITTING.job = job
-        try:
-            while True:
-                LISTENERS["room"].wait()
-                SUBMITTING.refused = None
-                run(self, job)
-                if SUBMITTING.refused is None:
-                    return
-                LISTENERS["room"].refused(SUBMITTING.refused)
-        finally:
-            SUBMITTING.job = None
-
-    run_job.cifarflow_fix = True
-    plugin.Executor._report_job_error_threadsafe = _report_job_error_threadsafe
-    plugin.Executor.run_job = run_job
 
 
 # ---- status checks that survive an accounting outage and notice a scancel ---------------

@@ -135,10 +135,10 @@ class WorkflowPlan:
         self.main_process = True  # a later search round's specs are written here too
         from .snakemake_fixes import (ask_the_scheduler_once, keep_restarted_jobs_ready,
                                       let_the_site_route, notice_outages_and_cancellations,
-                                      share_the_submit_limit, start_jobs_quietly,
-                                      tell_each_submission, tell_when_locked)
+                                      start_jobs_quietly, tell_each_submission,
+                                      tell_when_locked)
         from .limits import read_limits
-        from .submit_room import SubmitRoom
+        from .submit_room import SubmitRoom, share_the_submit_limit
 
         keep_restarted_jobs_ready()  # retried segments are not lost when a checkpoint finishes
         ask_the_scheduler_once()  # the plugin's constant questions, once
