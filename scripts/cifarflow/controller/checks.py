@@ -18,6 +18,7 @@ from .cluster_checks import ask_slurm_too, check_cluster, check_storage
 from .pack_plan import Pack
 from .placement import Placement
 from .plan import Run, check_user_models
+from .sites import current as current_site, read_only_folder
 
 
 class PlanChecks:
@@ -54,6 +55,16 @@ class PlanChecks:
             raise self.error(f"results: {self.results} cannot be written here ({why}): set "
                              "results: in config/config.yaml (or --config results=DIR) to a "
                              "folder you can write, e.g. /scratch/$USER/<sweep> on a cluster")
+        site = current_site()  # writable here, on the login node, but not on the nodes
+        for what, path in ((f"results: {self.results}", where),
+                           (f"the working directory {Path.cwd()} (Snakemake's .snakemake "
+                            "and the jobs' Slurm logs)", Path.cwd())):
+            if folder := read_only_folder(path, site):
+                raise self.error(
+                    f"{what} is under ${folder}, which is read-only on {site.name}'s compute "
+                    f"nodes ({site.docs}): its training jobs could not write there. Work "
+                    "from $SCRATCH: copy or clone the workflow there, cd to it, and set "
+                    "results: to a folder under it")
 
     def kept_data(self, environ=os.environ) -> None:
         """Which data folders results/data holds, and which one the plan trains on: each data

@@ -20,6 +20,7 @@ from .. import slurm
 from .accounts import job_accounts
 from .partitions import read_partitions
 from .routing import candidates
+from .sites import Site, current as current_site
 
 JOB_NAME = "cifarflow-controller"
 LOG_DIR = ".snakemake/controller"  # beside Snakemake's own logs, in the working directory
@@ -180,8 +181,21 @@ def given_account(option: str, args: list[str], workdir: Path, environ=os.enviro
             or environ.get("SLURM_ACCOUNT", ""))
 
 
+def no_jobs_from_jobs(site: Site) -> str:
+    """The refusal where the site's jobs cannot submit jobs, with the way out."""
+    return (f"cifarflow controller-job: on {site.name} jobs cannot submit jobs ({site.docs}), "
+            "so a controller job could never submit the training jobs: run the controller on "
+            "the login node instead, in a session that outlives your connection and at low "
+            "priority, e.g. `tmux new -s sweep` then `nice snakemake --profile "
+            "profiles/slurm` (detach with Ctrl-b d, come back with `tmux attach -t sweep`)")
+
+
 def main(args, basedir: Path) -> None:
     """`cifarflow controller-job`: the CLI's arguments, parsed."""
+    site = current_site()
+    if not site.jobs_may_submit:
+        print(no_jobs_from_jobs(site), file=sys.stderr)
+        sys.exit(2)
     rest = args.snakemake_args[1:] if args.snakemake_args[:1] == ["--"] else args.snakemake_args
     account = cpu_account(given_account(args.account, rest, Path.cwd()), slurm.user())
     sys.exit(submit(rest, account=account, time_limit=args.time,

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from ..config import TrainConfig, data_identity, resolve_augment
 from .prune import check_prune
 from .search import Search
+from .sites import current as current_site
 from .sizing import Policy
 from .storage import checkpoint_interval_s
 from ..engine.strategies import Strategy, get_strategy, registered
@@ -136,12 +137,15 @@ def plan_run(strategy: str, config: dict, swept: dict, name: str | None = None,
         "budget_s": float(sections["segments"]["budget_s"]),
         "elastic": bool(sections["segments"]["elastic"]),
         "keep_weights": sections["segments"]["keep_weights"]})
+    site = current_site()  # a site's minimum walltime bounds every runtime from below
+    if refusal := site.too_short(int(res["runtime"]), "resources.runtime"):
+        raise ValueError(refusal)
     job = dict(cls.job_resources(cfg, res), runtime=int(res["runtime"]))
     per_node = job["mem_mb"] // int(res["mem_mb"])  # processes on a node
     policy = Policy(job["mem_mb"], job["runtime"], bool(res["autosize"]),
                     float(res["autosize_margin"]), float(res["oom_factor"]),
                     int(res["max_mem_mb"] or 4 * int(res["mem_mb"])) * per_node, cfg.margin_s,
-                    int(res["autosize_min_runtime"]))
+                    site.runtime_floor(int(res["autosize_min_runtime"])))
     return Run(name, strategy, swept, cfg, job,
                segment_epochs=segment_targets(cfg.epochs, int(sections["segments"]["count"])),
                threads=int(res["cpus_per_task"]) * world, policy=policy)

@@ -44,9 +44,12 @@ from .progress import watch_progress
 from .rounds import SearchRounds, SearchRules
 from .rules import Requests, RunRules
 from .search import Search
+from .sites import current as current_site
 from .software import JobSoftware, fetch_args
 from .specs import write_specs
 from .will_run import first_try
+
+ENV_RECORD_RUNTIME = 10  # minutes: the environment record's job, at least
 
 
 def name_pattern(strategies) -> str:
@@ -172,15 +175,17 @@ class WorkflowPlan:
 
     def env_resources(self) -> dict:
         """The environment record's job: like the training's (a GPU of its kind where runs
-        train on cuda), short."""
-        return {**self.placement.job(self.software.env_gpu), "runtime": 10, "mem_mb": 2000}
+        train on cuda), short: 10 minutes, or the site's minimum walltime (sites.py)."""
+        return {**self.placement.job(self.software.env_gpu),
+                "runtime": current_site().runtime_floor(ENV_RECORD_RUNTIME), "mem_mb": 2000}
 
     def first_jobs(self) -> list[tuple[str, dict, int, dict]]:
         """Every kind of job the plan submits, as its first try asks it: (label, the rule's
         resources resolved, threads, its shape for routing); what will_run asks Slurm."""
-        jobs = [("record_environment", self.env_resources(), 1,
-                 {"tasks": 1, "cpus_per_task": 1, "mem_mb_per_node": 2000, "runtime": 10,
-                  "gpus_per_node": int(bool(self.software.env_gpu))})]
+        env = self.env_resources()
+        jobs = [("record_environment", env, 1,
+                 {"tasks": 1, "cpus_per_task": 1, "mem_mb_per_node": 2000,
+                  "runtime": env["runtime"], "gpus_per_node": int(bool(self.software.env_gpu))})]
         for label, (kind, name), shape in job_units(self.runs, self.packs):
             if kind == "pack":
                 rules, strategy = self.pack_rules, self.packs[name].strategy
