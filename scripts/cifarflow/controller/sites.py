@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -50,8 +51,6 @@ def current(environ=os.environ) -> Site:
 def read_only_folder(path, site: Site, environ=os.environ) -> str | None:
     """The variable (e.g. HOME) of the site's read-only-on-nodes folder ``path`` is in,
     or None."""
-    from pathlib import Path
-
     where = Path(path).resolve()
     for name in site.read_only_on_nodes:
         value = environ.get(name)
