@@ -10,7 +10,9 @@ user types it through profiles/slurm (issue 53's guesses, issue 54's shapes):
 - a long partition open to another account only: not a place for the user's 20,000-minute
   runtime (it passed -n);
 - a QOS the user is not in, with MaxSubmitJobsPerUser 2: not the user's limit (an 8-run
-  sweep with --jobs 6 was refused)."""
+  sweep with --jobs 6 was refused);
+- CPU partitions that give whole nodes (OverSubscribe=EXCLUSIVE, Trillium's): the plan says
+  what a small job costs there and the pack that fills a node."""
 
 import subprocess
 
@@ -150,3 +152,18 @@ def test_every_node_declares_its_shape_whatever_the_host():
     assert {mem for _, mem, _ in nodes.values()} == {"16000"}, nodes
     assert sorted(gres for _, _, gres in nodes.values()) == [
         "(null)", "gpu:a100:2,gpu:a100_3g.20gb:1", "gpu:h100:2"], nodes
+
+
+def test_a_whole_node_partition_says_what_a_small_job_costs(tmp_path, changed_partitions):
+    """Trillium's CPU partition gives whole nodes (OverSubscribe=EXCLUSIVE; issue 59): the
+    plan says that a 1-core run holds a whole node and is billed for it, and the pack that
+    fills the node (the nodes here declare 2 CPUs)."""
+    changed_partitions("cpubase_bycore_b1", OverSubscribe="EXCLUSIVE")
+    changed_partitions("cpubase_bycore_b3", OverSubscribe="EXCLUSIVE")
+    rc, text = dry_run(tmp_path, ONE_CORE)
+    assert rc == 0, text[-3000:]
+    assert ("run cpu: every partition a CPU job can be routed to (cpubase_bycore_b1, "
+            "cpubase_bycore_b3) gives whole nodes (OverSubscribe=EXCLUSIVE), so one job of 1 "
+            "CPU(s) holds a 2-CPU node and is billed for all of it (50% used): "
+            "pack.runs_per_job: 2 with pack.nodes: 1 and pack.whole_node: true fills the "
+            "node") in text, text[-3000:]

@@ -7,7 +7,7 @@ import pytest
 from cifarflow.config import with_defaults
 from cifarflow.controller.gpu_limits import gpu_share_warnings, gpu_slice_errors
 from cifarflow.controller.partitions import expand_hostlist, partition_capacity
-from cifarflow.controller.routing import candidates, check_fit
+from cifarflow.controller.routing import candidates, check_fit, whole_node_notes
 from cifarflow.controller.pending import PendingWatch, stuck_jobs
 from cifarflow.slurm import fields
 from cifarflow.controller.pack_plan import build_packs, plan_packs, share_gpus
@@ -158,3 +158,28 @@ def test_stuck_jobs_of_this_workflow_are_named_once():
                        "nodes can ever give; it will not start by itself: scancel 22, then "
                        "change the request or the partition (snakemake -n checks the plan "
                        "against the partition)")
+
+
+def test_a_whole_node_partition_says_what_a_small_job_costs_and_the_pack_that_fills_it():
+    """Trillium's CPU partition gives whole nodes (OverSubscribe=EXCLUSIVE): a 2-core run
+    holds a node, billed whole. Here the node of debug is made a 16-core whole-node one."""
+    parts = partitions()
+    parts["debug"]["whole_node"] = True
+    parts["debug"]["nodes"][0]["cpus"] = 16
+    sweep = {"lr": [0.01 * i for i in range(1, 9)]}
+    alone = plan(strategies=["cpu"], resources={"cpus_per_task": 2, "mem_mb": 1000}, sweep=sweep)
+    assert whole_node_notes(alone, "", parts) == [
+        "run cpu_lr0p01 (and 7 more alike): the default partition debug (debug) gives whole "
+        "nodes (OverSubscribe=EXCLUSIVE), so one job of 2 CPU(s) holds a 16-CPU node and is "
+        "billed for all of it (12% used): pack.runs_per_job: 8 with pack.nodes: 1 and "
+        "pack.whole_node: true fills the node"]
+    half = plan(strategies=["cpu"], resources={"cpus_per_task": 2, "mem_mb": 1000}, sweep=sweep,
+                pack={"runs_per_job": 2})
+    (line,) = whole_node_notes(half, "", parts)  # packs of 2: 4 of 16 CPUs
+    assert line.startswith("pack cpu-pack001 (2 runs) (and 3 more alike): ") and \
+        "one job of 4 CPU(s)" in line and "pack.runs_per_job: 8 " in line
+    full = plan(strategies=["cpu"], resources={"cpus_per_task": 2, "mem_mb": 1000}, sweep=sweep,
+                pack={"runs_per_job": 8, "whole_node": True})
+    assert whole_node_notes(full, "", parts) == []  # the node is filled
+    parts["debug"]["whole_node"] = False
+    assert whole_node_notes(alone, "", parts) == []  # by-core: a job pays for its cores

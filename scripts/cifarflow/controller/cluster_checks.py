@@ -16,7 +16,7 @@ from .limits import check_plan, read_limits
 from .packs import job_shapes
 from .partitions import read_partitions, user_groups
 from .routing import (candidates, check_fit, describe_placement, job_error,
-                      unknown_partition)
+                      unknown_partition, whole_node_notes)
 from .will_run import ask_slurm
 
 
@@ -70,6 +70,8 @@ def check_cluster(runs: dict, packs: dict, units: list, placement: dict, env_gpu
     found.errors += found.fit_errors
     if partitions:
         found.warnings += gpu_share_warnings(shapes, candidates(partitions, named, True)[0])
+        found.warnings += whole_node_notes(shapes, named, partitions,
+                                           (found.accounts or {}).get(False))
     return found
 
 

@@ -101,7 +101,9 @@ def partition_capacity(partition: dict, nodes: list[dict]) -> dict:
             "allow_accounts": _listed(partition.get("AllowAccounts")),
             "deny_accounts": _listed(partition.get("DenyAccounts"), everyone=set()),
             "allow_groups": _listed(partition.get("AllowGroups")),
-            "allow_qos": _listed(partition.get("AllowQos"))}
+            "allow_qos": _listed(partition.get("AllowQos")),
+            # every job gets whole nodes, billed whole (Trillium's CPU partition)
+            "whole_node": partition.get("OverSubscribe", "").startswith("EXCLUSIVE")}
 
 
 def read_partitions(records=slurm.records) -> dict[str, dict] | None:

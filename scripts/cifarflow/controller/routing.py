@@ -165,3 +165,35 @@ def fit_error(job, shape, named, label, places, most, partitions) -> str:
                              for p in places))
     return f"{job} asks {describe_shape(shape)}, and {gives}: it would wait forever; set " \
            + ", or ".join(ways)
+
+
+def whole_node_notes(shapes: dict[str, dict], named: str, partitions: dict | None,
+                     account: str | None = None) -> list[str]:
+    """Where every partition a CPU job may run in gives whole nodes (OverSubscribe=
+    EXCLUSIVE), a job holds a node and is billed for all of it: for each kind of CPU run or
+    pack that leaves more than half a node idle, what one job costs and the pack that
+    fills the node (a run's CPUs: its tasks' ; a pack's members are its tasks)."""
+    if not partitions:
+        return []
+    places, label = candidates(partitions, named, False, account)
+    if not places or not all(p["whole_node"] for p in places):
+        return []
+    node_cpus = min((n["cpus"] for p in places for n in p["nodes"]), default=0)
+    alike: dict = {}
+    for job, shape in shapes.items():
+        if job_gpus(shape) or shape.get("nodes", 1) != 1 and not shape.get("pack"):
+            continue  # GPU jobs, and runs over several nodes, hold what they ask
+        used = shape["tasks"] * shape["cpus_per_task"]
+        per_run = shape["cpus_per_task"] if shape.get("pack") else used
+        alike.setdefault((used, per_run), []).append(job)
+    notes = []
+    for (used, per_run), jobs in alike.items():
+        if not node_cpus or used * 2 > node_cpus:
+            continue  # half a node or more: packing gains little
+        job = jobs[0] + (f" (and {len(jobs) - 1} more alike)" if len(jobs) > 1 else "")
+        notes.append(f"{job}: {label} ({', '.join(p['name'] for p in places)}) gives whole "
+                     f"nodes (OverSubscribe=EXCLUSIVE), so one job of {used} CPU(s) holds a "
+                     f"{node_cpus}-CPU node and is billed for all of it ({used / node_cpus:.0%} "
+                     f"used): pack.runs_per_job: {node_cpus // per_run} with pack.nodes: 1 and "
+                     "pack.whole_node: true fills the node")
+    return notes
