@@ -11,7 +11,7 @@ import json
 import os
 import re
 import subprocess
-import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -42,10 +42,14 @@ def ranges() -> dict[str, Requirement]:
 @functools.cache
 def releases(package: str) -> list[Version]:
     """Every release of ``package`` the package index offers (pip's own index settings)."""
-    out = subprocess.run([PY, "-m", "pip", "index", "versions", package,
-                          "--disable-pip-version-check"], capture_output=True, text=True,
-                         timeout=300)
-    listed = re.search(r"^Available versions: (.+)$", out.stdout, flags=re.M)
+    for attempt in range(3):  # the index may not answer at once
+        out = subprocess.run([PY, "-m", "pip", "index", "versions", package,
+                              "--disable-pip-version-check"], capture_output=True, text=True,
+                             timeout=300)
+        listed = re.search(r"^Available versions: (.+)$", out.stdout, flags=re.M)
+        if listed:
+            break
+        time.sleep(5 * (attempt + 1))
     assert out.returncode == 0 and listed, f"pip index versions {package}: {out.stderr}"
     return [Version(v) for v in listed.group(1).split(", ")]
 
