@@ -4,7 +4,7 @@ time, per training step, and the profile of a K = 16 step by operator (issue 35)
     .venv/bin/python bench/fused_cpu.py [--k 16] [--batch 100] [--rounds 3] [--steps 10]
         [--modes loop vmap]
 
-One process, the engine's own objects (``engine.fused_train.fused_group``, a ``Segment``
+One process, the engine's own objects (``engine.fused.train.fused_group``, a ``Segment``
 for the run alone), synthetic CIFAR-format data; each case is timed over ``--steps`` steps
 after a warm-up step, ``--rounds`` times, and the median is kept. "Alone" is one run's step;
 K runs one at a time take K times as long, so the ratio is fused images/s over alone
@@ -29,7 +29,7 @@ import torch  # noqa: E402
 from cifarflow import data  # noqa: E402
 from cifarflow.config import with_defaults  # noqa: E402
 from cifarflow.controller.plan import build_runs  # noqa: E402
-from cifarflow.engine.fused_train import fused_group  # noqa: E402
+from cifarflow.engine.fused.train import fused_group  # noqa: E402
 from cifarflow.engine.segment import Segment  # noqa: E402
 from cifarflow.orders import SegmentOrder  # noqa: E402
 from cifarflow.engine.strategies import get_strategy  # noqa: E402

@@ -214,9 +214,9 @@ def assert_bit_identical(sd_a: dict, sd_b: dict) -> None:
 
 def weights_digest(directory) -> str:
     """A published checkpoint's weights_sha256 (its manifest's), checked first against the
-    digest of the weights its own files hold (engine/digest.py)."""
-    from cifarflow.engine import checkpoint as ckpt
-    from cifarflow.engine.digest import checkpoint_weights_sha256
+    digest of the weights its own files hold (engine/checkpoints/digest.py)."""
+    from cifarflow.engine.checkpoints import files as ckpt
+    from cifarflow.engine.checkpoints.digest import checkpoint_weights_sha256
 
     recorded = ckpt.read_manifest(directory, verify=False).get("weights_sha256")
     assert recorded, f"{directory}: no weights_sha256 in its manifest"
@@ -441,7 +441,7 @@ def train_until_saved(pids: list[int], work_dir: Path, step_s: float = 0.02,
     they stay frozen there, before their segment ended, however fast the machine trains.
     Returns the checkpoint's manifest (its "epoch" and "step" are where a resume goes on).
     Where a test can choose, a process that stops itself (stop_at) needs no steps at all."""
-    from cifarflow.engine import checkpoint as ckpt
+    from cifarflow.engine.checkpoints import files as ckpt
 
     freeze(pids)
     deadline = time.time() + timeout
@@ -474,7 +474,7 @@ def sweep_config(path: Path, runs: int, runs_per_job: int, train: str = "",
 def assert_equal_to_unpacked(workdir: Path, unpacked_sweep: dict) -> None:
     """Every run's final weights are the unpacked sweep's: bit for bit, and by the
     weights_sha256 summary.csv shows."""
-    from cifarflow.engine.digest import weights_sha256
+    from cifarflow.engine.checkpoints.digest import weights_sha256
 
     rows = summary_rows(workdir)
     for run, state in final_states(workdir).items():

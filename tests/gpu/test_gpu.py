@@ -123,7 +123,7 @@ def test_an_augmented_fused_step_waits_for_the_host_nowhere(cifar_dir, seeds):
     ``torch.cuda.set_sync_debug_mode("error")`` raises at the first call that would."""
     from cifarflow.config import with_defaults
     from cifarflow.controller.plan import build_runs
-    from cifarflow.engine.fused_train import fused_group
+    from cifarflow.engine.fused.train import fused_group
 
     config = with_defaults({"strategies": ["gpu"], "train": {
         "epochs": 2, "batch_size": 100, "augment": {"flip": True, "crop": 4}},
@@ -225,7 +225,7 @@ def test_a_fused_group_on_cuda_is_vmap_holds_one_copy_of_the_data_and_trains_as_
     convolution and K plain ones then differ by float32 rounding only (~1e-6 relative per
     step), which 20 steps of SGD leave far below the 1e-3 allowed; TF32's 10-bit mantissa
     would differ by ~1e-3 per product and leave no tolerance to reason with."""
-    from cifarflow.engine.fused_train import fused_group
+    from cifarflow.engine.fused.train import fused_group
 
     exact = {"deterministic": True, "tf32_matmul": False, "tf32_cudnn": False}
 

@@ -15,7 +15,7 @@ import torch
 
 from conftest import (ENV, PY, assert_bit_identical, metrics_of, process_tree, same_metrics, spec,
                       train, train_until_saved, training_spec)
-from cifarflow.engine import checkpoint as ckpt
+from cifarflow.engine.checkpoints import files as ckpt
 
 # one StopController for all: test-fast proves the agreement with ddp, make test with each
 STRATEGIES = ["ddp", *(pytest.param(s, marks=pytest.mark.slow) for s in ("fsdp", "lightning"))]

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conftest import ENV, cli, metrics_of, spec
-from cifarflow.engine import checkpoint as ckpt
+from cifarflow.engine.checkpoints import files as ckpt
 
 COMMON = dict(epochs=2, lr=0.05, momentum=0.9)
 

@@ -8,7 +8,7 @@ import torch
 
 from conftest import (ENV, PY, ROOT, assert_bit_identical, cli, metrics_of, same_metrics, spec,
                       state_of, train, weights_digest)
-from cifarflow.engine import checkpoint as ckpt
+from cifarflow.engine.checkpoints import files as ckpt
 from cifarflow.job.launch import launch_argv, world_of
 from cifarflow.engine.strategies.base import StrategyError
 from cifarflow.engine.cuda import apply_cuda_switches

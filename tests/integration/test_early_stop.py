@@ -3,7 +3,7 @@ every logit (its final ReLU) in epoch 1: the loss is ln 10 from epoch 2 on, on a
 
 import json
 
-from cifarflow.engine import checkpoint as ckpt
+from cifarflow.engine.checkpoints import files as ckpt
 from cifarflow.results.aggregate import aggregate
 from cifarflow.layout import RunPaths
 from conftest import assert_bit_identical, cli, metrics_of, same_metrics, spec, state_of, train

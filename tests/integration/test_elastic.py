@@ -4,7 +4,7 @@ boundary, with a log line and a summary column; without the flag the change is r
 import pytest
 
 from conftest import PY, cli, metrics_of, snakemake, spec, summary_rows
-from cifarflow.engine import checkpoint as ckpt
+from cifarflow.engine.checkpoints import files as ckpt
 from cifarflow.results.table import summarize_run
 
 COMMON = dict(epochs=3, lr=0.05, momentum=0.9)

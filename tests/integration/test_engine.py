@@ -10,7 +10,7 @@ import pytest
 
 from conftest import (ENV, PY, assert_bit_identical, cli, metrics_of, same_metrics, spec,
                       state_of, train, train_until_saved)
-from cifarflow.engine import checkpoint as ckpt
+from cifarflow.engine.checkpoints import files as ckpt
 
 SPEC = dict(epochs=3, scheduler="cosine", momentum=0.9, weight_decay=5e-4)
 
@@ -172,7 +172,7 @@ def test_changed_training_config_is_refused(cifar_dir, reference, tmp_path):
 CRASHING_WRITER = """
 import os, signal, sys
 from pathlib import Path
-from cifarflow.engine import checkpoint as ckpt
+from cifarflow.engine.checkpoints import files as ckpt
 
 class Solo:
     is_main, device = True, "cpu"
@@ -209,7 +209,7 @@ def test_a_writer_killed_while_it_publishes_leaves_the_old_checkpoint_whole(tmp_
     import torch
 
     from cifarflow.config import TrainConfig
-    from cifarflow.engine.resume import Choice, decide
+    from cifarflow.engine.checkpoints.resume import Choice, decide
 
     cfg = TrainConfig.read(spec())
     meta = {"config_hash": cfg.shaping_hash(), "config": cfg.to_dict(), "step": 0}

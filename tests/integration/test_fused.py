@@ -26,7 +26,7 @@ from conftest import (ENV, PY, ROOT, SYNTHETIC, assert_bit_identical, assert_equ
                       cli, metrics_of, self_stopped, snakemake, state_of, stop_at, summary_rows,
                       sweep_config, weights_digest)
 
-from cifarflow.engine.checkpoint import read_manifest
+from cifarflow.engine.checkpoints.files import read_manifest
 from cifarflow.config import TrainConfig, with_defaults
 from cifarflow.layout import RunPaths
 from cifarflow.controller.plan import build_runs

@@ -14,7 +14,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from cifarflow.config import with_defaults
 from cifarflow.controller.plan import build_runs
-from cifarflow.engine.fused_train import fused_group
+from cifarflow.engine.fused.train import fused_group
 from conftest import SYNTHETIC
 
 COMPUTES = {"convolution", "convolution_backward", "bmm", "baddbmm", "mm", "addmm"}

@@ -16,7 +16,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from cifarflow.config import with_defaults
 from cifarflow.controller.plan import build_runs
-from cifarflow.engine.fused_train import fused_group
+from cifarflow.engine.fused.train import fused_group
 from conftest import SYNTHETIC
 
 COPIES = {"copy_", "clone", "new_zeros", "_to_copy", "contiguous"}
@@ -72,7 +72,7 @@ def conv_tensors(model: str) -> int:
 
 @pytest.mark.parametrize("seeds", [False, True], ids=["shared-batch", "own-batches"])
 def test_a_vmap_lenet_step_copies_its_weights_once_and_few_activations(cifar_dir, seeds):
-    """lenet, vmap fusion (its hand-fused forward, engine/fused_nets.py): the same copies at
+    """lenet, vmap fusion (its hand-fused forward, engine/fused/nets.py): the same copies at
     K = 2, 4 and 8: each convolution weight and bias once, the flattened features (B x 400
     a member) forward and back, the labels or each member's own input once; 7 in all.
     Before: the same weights copied again 4 times each in the backward and 5 copies of
@@ -109,10 +109,10 @@ def test_a_vmap_resnet18_step_copies_no_activation(cifar_dir):
 @pytest.mark.parametrize("channels_last", [True, False])
 @pytest.mark.parametrize("shared", [True, False])
 def test_lenets_hand_fused_forward_computes_what_vmap_computes(shared, channels_last):
-    """The hand-fused lenet (engine/fused_nets.py) against vmap of the members' own
+    """The hand-fused lenet (engine/fused/nets.py) against vmap of the members' own
     forward, 3 members of other weights: the same logits and the same gradients of every
     member's every parameter, to float rounding (grouped convolutions both)."""
-    from cifarflow.engine.fused_model import FusedModel
+    from cifarflow.engine.fused.model import FusedModel
     from cifarflow.engine.models import build_model
 
     fmt = torch.channels_last if channels_last else torch.contiguous_format

@@ -13,7 +13,7 @@ import torch
 from conftest import SYNTHETIC
 from cifarflow.config import with_defaults
 from cifarflow.controller.plan import build_runs
-from cifarflow.engine.fused_train import fused_group
+from cifarflow.engine.fused.train import fused_group
 from cifarflow.engine.segment import Segment
 from cifarflow.orders import SegmentOrder
 from cifarflow.engine.strategies import get_strategy
@@ -110,8 +110,8 @@ def test_train_compile_compiles_the_fused_step(cifar_dir):
     from torch._dynamo.eval_frame import _debug_get_cache_entry_list
     from torch._dynamo.utils import counters
 
-    from cifarflow.engine.fused import FusedGroup
-    from cifarflow.engine.fused_optim import FusedOptimizer
+    from cifarflow.engine.fused.group import FusedGroup
+    from cifarflow.engine.fused.optim import FusedOptimizer
 
     counters.clear()
     said, weights = [], {}

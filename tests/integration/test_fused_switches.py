@@ -11,8 +11,8 @@ import torch.utils.deterministic
 
 from conftest import spec
 from cifarflow.config import TrainConfig
-from cifarflow.engine import fused_train
-from cifarflow.engine.fused_train import fused_group, process_switches
+from cifarflow.engine.fused import train as fused_train
+from cifarflow.engine.fused.train import fused_group, process_switches
 
 
 pytestmark = pytest.mark.usefixtures("deterministic_switches_restored")

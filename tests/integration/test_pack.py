@@ -10,7 +10,7 @@ import pytest
 from conftest import (assert_equal_to_unpacked, metrics_of, self_stopped, start_snakemake,
                       stop_at, summary_rows, sweep_config)
 from test_tensorboard import assert_epoch_scalars
-from cifarflow.engine import checkpoint as ckpt
+from cifarflow.engine.checkpoints import files as ckpt
 
 
 @pytest.mark.slow  # with the 16-run unpacked sweep it is compared to: 70 s

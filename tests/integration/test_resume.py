@@ -9,7 +9,7 @@ import pytest
 
 from conftest import (PY, assert_bit_identical, cli, metrics_of, same_metrics, spec, state_of, train,
                       weights_digest)
-from cifarflow.engine import checkpoint as ckpt
+from cifarflow.engine.checkpoints import files as ckpt
 from cifarflow.results.table import summarize_run
 
 SPEC = dict(epochs=3, scheduler="cosine", weight_decay=5e-4)

@@ -8,7 +8,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
 from conftest import metrics_of, train
-from cifarflow.engine import checkpoint as ckpt
+from cifarflow.engine.checkpoints import files as ckpt
 from cifarflow.engine.report import EPOCH_SCALARS
 
 SPEC = dict(epochs=2, log_interval_s=0)  # every batch's loss is logged

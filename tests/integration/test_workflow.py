@@ -16,7 +16,7 @@ import pytest
 
 from conftest import (ENV, PY, ROOT, assert_bit_identical, cli, metrics_of, probe_wheel,
                       self_stopped, snakemake, state_of, stop_at, summary_rows, weights_digest)
-from cifarflow.engine import checkpoint as ckpt
+from cifarflow.engine.checkpoints import files as ckpt
 
 CONFIGS = ROOT / "tests" / "configs"
 

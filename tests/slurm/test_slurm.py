@@ -18,7 +18,7 @@ from conftest import (ROOT, SLURM_RUNS, assert_bit_identical, cancel_slurm_jobs,
                       slurm_job_prefix, slurm_jobs, snakemake, start_snakemake, state_of,
                       summary_rows, train_until_saved, training_spec, run_batches)
 from alliance import CPU_ACCOUNT
-from cifarflow.engine import checkpoint as ckpt
+from cifarflow.engine.checkpoints import files as ckpt
 from cifarflow.slurm import fields
 
 pytestmark = pytest.mark.slurm

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from conftest import assert_bit_identical, cli, run_batches, slurm_job_prefix, snakemake, state_of
-from cifarflow.engine import checkpoint as ckpt
+from cifarflow.engine.checkpoints import files as ckpt
 from cifarflow.job import takeover
 from cifarflow.job import tries
 from cifarflow.slurm_queue import QUEUE_FORMAT, JobRecord

@@ -242,7 +242,7 @@ def test_a_fused_group_draws_once_an_epoch_per_member_not_per_step(monkeypatch, 
     spread over the steps), none while the steps run; each member's images are those it
     would see alone."""
     from cifarflow.engine import augment
-    from cifarflow.engine.fused_batches import FusedBatches
+    from cifarflow.engine.fused.batches import FusedBatches
 
     made, drawn = [], []
     epoch, draw = Augment.epoch, augment.draws

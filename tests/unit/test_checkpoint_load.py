@@ -11,7 +11,7 @@ without one, cannot load it at all)."""
 import pytest
 import torch
 
-from cifarflow.engine.checkpoint import FileCheckpointer
+from cifarflow.engine.checkpoints.files import FileCheckpointer
 from cifarflow.engine.models import build_model
 from cifarflow.engine.strategies.base import Strategy
 

@@ -9,7 +9,7 @@ import struct
 import pytest
 import torch
 
-from cifarflow.engine.digest import canonical_name, weights_sha256
+from cifarflow.engine.checkpoints.digest import canonical_name, weights_sha256
 from cifarflow.engine.models import build_model
 
 # the digest of PINNED's state: the canonical form, fixed (a change makes every older

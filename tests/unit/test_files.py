@@ -7,7 +7,7 @@ import pytest
 
 from cifarflow.results import aggregate
 
-from cifarflow.engine import checkpoint
+from cifarflow.engine.checkpoints import files as checkpoint
 
 from cifarflow.job import tries
 from cifarflow.files import CHUNK, file_digest, read_jsonl

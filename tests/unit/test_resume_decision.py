@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from conftest import spec
-from cifarflow.engine import checkpoint as ckpt
+from cifarflow.engine.checkpoints import files as ckpt
 from cifarflow.config import TrainConfig
-from cifarflow.engine.resume import Choice, MidEpochResize, agree, compatible, decide
+from cifarflow.engine.checkpoints.resume import Choice, MidEpochResize, agree, compatible, decide
 
 CFG = TrainConfig.read(spec(epochs=4))
 

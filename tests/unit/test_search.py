@@ -185,7 +185,7 @@ def test_a_crash_between_the_tell_and_the_rounds_record_tells_nothing_twice(tmp_
     first_told = [s.split()[3].strip("():") for s in said if s.startswith("told")]
     assert len(first_told) == 3 and not (tmp_path / "round-2.json").exists()
 
-    import cifarflow.engine.checkpoint as ckpt
+    import cifarflow.engine.checkpoints.files as ckpt
 
     def no_record(path, text):
         raise Crash

@@ -13,7 +13,7 @@ import functools
 from pathlib import Path
 from typing import Callable
 
-from ..engine.checkpoint import read_manifest, read_metrics
+from ..engine.checkpoints.files import read_manifest, read_metrics
 from .prune import prune_mode, survivors
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Callable
 
 from .chain import Chain
-from ..engine.checkpoint import MANIFEST
+from ..engine.checkpoints.files import MANIFEST
 from ..layout import RunPaths
 from .pending import every
 from ..results.show import duration

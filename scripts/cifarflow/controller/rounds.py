@@ -13,7 +13,7 @@ import shlex
 from pathlib import Path
 from typing import Callable
 
-from ..engine.checkpoint import read_manifest, read_metrics
+from ..engine.checkpoints.files import read_manifest, read_metrics
 from ..layout import round_record, study_journal
 from .outputs import Outputs
 from .plan import Run, plan_run, runs_at_once, search_round_values

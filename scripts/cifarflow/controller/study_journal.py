@@ -107,7 +107,7 @@ def tell_and_ask(search: Search, strategy: str, r: int, outcomes: dict[str, Outc
                 trials[name] = {"number": asked.number, "index": i, "params": asked.params}
             else:
                 trials[name] = {"number": trial.number, "index": i, "params": trial.params}
-    from ..engine.checkpoint import atomic_write_text
+    from ..engine.checkpoints.files import atomic_write_text
 
     Path(record).parent.mkdir(parents=True, exist_ok=True)
     data = {"study": search.study_name(strategy), "round": r, "sampler": search.sampler,

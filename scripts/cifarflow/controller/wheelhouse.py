@@ -23,7 +23,7 @@ from pathlib import Path
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from ..engine.checkpoint import atomic_write_text
+from ..engine.checkpoints.files import atomic_write_text
 
 # what every training process imports (engine, strategies, environment record), top-level:
 # requirements.txt holds their ranges; no Snakemake, pandas or matplotlib in a job venv

@@ -21,7 +21,7 @@ from .build import (build_batches, build_optimizer, build_placed_model, build_sc
 from .meter import EpochMeter
 from .report import Reporter
 from .state import Progress
-from .segment_checkpoints import EARLY_STOP, SegmentCheckpoints
+from .checkpoints.run import EARLY_STOP, SegmentCheckpoints
 from .stop import StopController
 from .usage import peak_memory_mb
 

@@ -12,7 +12,7 @@ import subprocess
 from pathlib import Path
 
 from ..config import TrainConfig
-from ..engine.checkpoint import atomic_write_text
+from ..engine.checkpoints.files import atomic_write_text
 from ..layout import RunPaths
 from ..orders import FusedOrder, PackOrder
 from .members import line_writer, next_attempt, open_member_log, publish_record, slurm_step
@@ -52,7 +52,7 @@ def train_fused_members(order: FusedOrder, start_time: float) -> int:
     """`cifarflow train-fused`: each member's log (its own try, as unpacked), its try
     (job/one_try.py, as a run alone: refused, taken over, started, ended), then the fused
     training; each member's outcome in the order's status file."""
-    from ..engine.fused_train import train_fused
+    from ..engine.fused.train import train_fused
     from ..engine.segment import Segment
     from ..engine.strategies import get_strategy
 

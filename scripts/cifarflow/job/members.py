@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 from ..config import TrainConfig
-from ..engine.checkpoint import CheckpointError, atomic_write_text, read_manifest
+from ..engine.checkpoints.files import CheckpointError, atomic_write_text, read_manifest
 from ..layout import RunPaths, attempt_logs_pattern, attempt_number
 
 

@@ -46,7 +46,7 @@ def user_error_types() -> tuple:
     """The errors a user must fix (exit status 2): a config, data, checkpoint or strategy
     error. Imported when a try fails: torch is loaded by then."""
     from ..data import DatasetError
-    from ..engine.checkpoint import CheckpointError
+    from ..engine.checkpoints.files import CheckpointError
     from ..engine.strategies.base import StrategyError
 
     return DatasetError, CheckpointError, StrategyError, ValueError

@@ -21,7 +21,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from ..engine.checkpoint import read_manifest
+from ..engine.checkpoints.files import read_manifest
 from ..engine.cuda import GPU_INDEX_ENV
 from ..layout import RunPaths
 from ..orders import PackOrder

@@ -63,7 +63,7 @@ def summarize_run(name: str, run: dict, states_of=None) -> dict:
     manifest = Path(path).with_name("checkpoint.json")
     meta = json.loads(manifest.read_text()) if manifest.is_file() else {}
     row["fallbacks"] = " | ".join(meta.get("events", []))
-    row["weights_sha256"] = meta.get("weights_sha256", "")  # engine/digest.py
+    row["weights_sha256"] = meta.get("weights_sha256", "")  # engine/checkpoints/digest.py
     # elastic world-size changes: the run is no longer bit-exact from there
     row["resized"] = " ".join(f"{r['from']}->{r['to']}@epoch{r['epoch'] + 1}"
                               for r in meta.get("resizes", []))

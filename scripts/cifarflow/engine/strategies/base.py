@@ -164,7 +164,7 @@ class Strategy:
         return segment.run()
 
     def checkpointer(self):
-        from ..checkpoint import FileCheckpointer
+        from ..checkpoints.files import FileCheckpointer
 
         return FileCheckpointer(self)
 

@@ -41,7 +41,7 @@ class FSDPStrategy(DDPStrategy):
                     dist.broadcast(buffer, src=0)
 
     def checkpointer(self):
-        from ..checkpoint import ShardedCheckpointer
+        from ..checkpoints.files import ShardedCheckpointer
 
         return ShardedCheckpointer(self)
 

@@ -20,7 +20,7 @@ import shutil
 import time
 from pathlib import Path
 
-from ..files import file_digest, read_jsonl
+from ...files import file_digest, read_jsonl
 
 MANIFEST = "checkpoint.json"
 METRICS = "metrics.jsonl"  # one JSON line per epoch, in every published checkpoint

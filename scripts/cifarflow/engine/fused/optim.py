@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .build import build_optimizer, build_scheduler
-from .fused_model import member_view
+from ..build import build_optimizer, build_scheduler
+from .model import member_view
 
 if TYPE_CHECKING:
-    from .fused_model import FusedModel
+    from .model import FusedModel
 
 HYPER = ("lr", "momentum", "weight_decay", "beta1", "beta2", "eps")
 LR, MOMENTUM, WEIGHT_DECAY, BETA1, BETA2, EPS = range(len(HYPER))

@@ -14,14 +14,14 @@ from pathlib import Path
 
 import torch
 
-from . import checkpoint as ckpt
+from . import files as ckpt
 from . import resume as resuming
-from . import self_stop
-from .build import rng_state, set_rng_state
+from .. import self_stop
+from ..build import rng_state, set_rng_state
 from .keep_weights import keep_last_and_best
 from .digest import weights_sha256
-from .state import Progress, slurm_restarts
-from .usage import rank_usage, segment_usage
+from ..state import Progress, slurm_restarts
+from ..usage import rank_usage, segment_usage
 
 EARLY_STOP = "early stop"  # end_epoch's reason when train.early_stop ends the run
 

@@ -4,14 +4,14 @@ convolution over a shared batch), so the pooling runs on it as it is. Under ``vm
 max-pool's batching rule re-lays out every convolution's output and the next grouped
 convolution's input (5 activation-sized copies a lenet step, issue 48). The same
 arithmetic as vmap's rules (grouped convolutions, batched matmuls), in the same order;
-a model without an entry here is vmapped. Part of fused_model.py's ``FusedModel``."""
+a model without an entry here is vmapped. Part of model.py's ``FusedModel``."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from .models import Net
+from ..models import Net
 
 
 def grouped_input(x: torch.Tensor, shared: bool) -> torch.Tensor:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .checkpoint import MANIFEST, METRICS, atomic_write_text, read_manifest, read_metrics
+from .files import MANIFEST, METRICS, atomic_write_text, read_manifest, read_metrics
 
 
 def is_weights(rel: str) -> bool:

@@ -16,7 +16,7 @@ from typing import Callable
 
 import torch
 
-from . import checkpoint as ckpt
+from . import files as ckpt
 
 
 class MidEpochResize(ckpt.CheckpointError):

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from ..orders import FusedOrder
-from .build import build_placed_model, seed_rngs, set_determinism
-from .fused import FusedGroup
-from .fused_batches import FusedBatches
-from .fused_model import default_mode
-from .stop import StopController
-from .cuda import apply_cuda_switches
+from ...orders import FusedOrder
+from ..build import build_placed_model, seed_rngs, set_determinism
+from .group import FusedGroup
+from .batches import FusedBatches
+from .model import default_mode
+from ..stop import StopController
+from ..cuda import apply_cuda_switches
 
 
 def process_switches(cfgs: list) -> SimpleNamespace:
@@ -111,9 +111,9 @@ def fused_group(cfgs: list, data_dir, threads: int = 0, mode: str | None = None,
                 share_input: bool = True, say=print) -> FusedGroup:
     """A fused group of the runs ``cfgs`` (TrainConfigs, one strategy), built in this process
     from scratch with nothing written: what benchmarks and tests step and profile."""
-    from ..orders import SegmentOrder
-    from .segment import Segment
-    from .strategies import get_strategy
+    from ...orders import SegmentOrder
+    from ..segment import Segment
+    from ..strategies import get_strategy
 
     order = SegmentOrder(spec="", data=str(data_dir), out="/nonexistent")
     members = [Segment(cfg, get_strategy(cfg.strategy)(cfg, threads), order)

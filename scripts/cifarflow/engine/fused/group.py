@@ -3,14 +3,14 @@ one process as one model, one forward/backward/optimizer step for all of them, a
 per step that does not grow with K in vmap fusion (docs/sweeps.md, "How it fuses").
 
 The members' parameters live in one flat ``(K, P)`` tensor, their gradients in another
-(fused_model.py's ``FusedModel``), and the model is called on them in one of two ways:
+(model.py's ``FusedModel``), and the model is called on them in one of two ways:
 
 * ``vmap`` (the default on CUDA): ``torch.func.vmap`` over ``functional_call``. Its batching
   rules turn the K convolutions into one grouped convolution (one dense convolution over a
   shared batch), the K linear layers into one batched matmul and BatchNorm into one call
   over the concatenated channels: HFTA's fusion (Wang et al., MLSys 2021), without
   rewriting the model, so users' own models fuse too (lenet has a hand-fused forward on
-  the same grouped tensors, fused_nets.py: vmap's pooling rule would copy them).
+  the same grouped tensors, nets.py: vmap's pooling rule would copy them).
 * ``loop`` (the default on CPU): each member's own module, its parameters views of its row
   of the flat tensors, one after another; on CPU grouped convolutions are slower than K
   plain ones (measured), and loop trains each member bit for bit as alone.
@@ -20,13 +20,13 @@ Each member is bookkept by its own engine ``Segment`` (progress, log file, Tenso
 checkpoints): its segment directory holds an ordinary, unfused checkpoint, so a member can
 go on alone, and a fused group resumes from its members' checkpoints. Each member keeps its
 own seed (initial weights, batch order, augmentation draws) and hyper-parameters (learning
-rate and its schedule, momentum, weight decay, optimizer), applied by fused_optim.py's
+rate and its schedule, momentum, weight decay, optimizer), applied by optim.py's
 ``FusedOptimizer`` in a few whole-buffer operations per step. A member whose loss turns NaN
 or infinite leaves the group at the epoch's end; the others never see its values (its
 gradients are its own row).
 
 Here: the group's loop, its decisions and its members' bookkeeping; its batches are
-fused_batches.py's, its meter meter.py's; fused_train.py builds and runs the groups of a
+batches.py's, its meter meter.py's; train.py builds and runs the groups of a
 pack segment.
 """
 
@@ -39,12 +39,12 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from .evaluation import evaluate_fused
-from .fused_batches import FusedBatches
-from .fused_model import FusedModel
-from .fused_optim import FusedOptimizer
-from .meter import FusedMeter
-from .stop import StopController
+from ..evaluation import evaluate_fused
+from .batches import FusedBatches
+from .model import FusedModel
+from .optim import FusedOptimizer
+from ..meter import FusedMeter
+from ..stop import StopController
 
 # the members' parameters are views into one flat (K, P) tensor, their gradients views into
 # another: autograd accumulates into them in place and says the strides are unusual

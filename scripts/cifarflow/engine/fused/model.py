@@ -4,7 +4,7 @@ parameter is a ``(K, ...)`` view into it, so the optimizer updates every member'
 parameter in a few whole-buffer operations and one ``zero_`` clears all gradients. The model
 is called with ``vmap``, functionally on the views (one grouped convolution, one batched
 matmul; with a shared input batch, conv1 is one dense convolution over K x its channels;
-lenet's own hand-fused forward, fused_nets.py, computes the same without vmap), or in ``loop``, member after member, each member's own module with its parameters made views
+lenet's own hand-fused forward, nets.py, computes the same without vmap), or in ``loop``, member after member, each member's own module with its parameters made views
 of its row. Part of engine/fused.py's group."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import types
 import torch
 from torch.func import functional_call, stack_module_state, vmap
 
-from .fused_nets import fused_forward
+from .nets import fused_forward
 
 MODES = ("vmap", "loop")
 
@@ -157,7 +157,7 @@ class FusedModel:
         # compile again
         self._vmapped = {shared: self._vmap(shared) for shared in (False, True)} \
             if mode == "vmap" else {}
-        # a registered model's own fused forward (fused_nets.py), else vmap's
+        # a registered model's own fused forward (nets.py), else vmap's
         self.hand_fused = fused_forward(self.template) if mode == "vmap" else None
 
     def _point_into_flat(self, modules: list) -> None:

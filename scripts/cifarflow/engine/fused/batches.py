@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from .augment import Draws, apply
-from .loaders import normalize
+from ..augment import Draws, apply
+from ..loaders import normalize
 
 
 class FusedBatches:
