@@ -220,6 +220,7 @@ def part_ddp(batches: Path, reps: int, max_reps: int, deadline: float) -> dict:
 def checkpoint_cost(model: str, batch_size: int, steps: int, batches: Path) -> dict:
     from cifarflow.config import TrainConfig
     from cifarflow.engine.segment import Segment
+    from cifarflow.engine.step import PlainStep
     from cifarflow.orders import SegmentOrder
     from cifarflow.engine.strategies import get_strategy
 
@@ -229,20 +230,19 @@ def checkpoint_cost(model: str, batch_size: int, steps: int, batches: Path) -> d
                                      batch_size=batch_size, epochs=1))
     s = get_strategy("cpu")(cfg, threads=2)
     s.setup()
-    seg = Segment(cfg, s, SegmentOrder(spec="", data=str(batches), out=str(work / "out")))
-    seg.load_data()
-    loader = seg.make_batches()
-    net = s.wrap(seg.make_model())
-    seg.attach(net, *seg.make_optimizer(net.parameters(), len(loader)), loader)
-    it = iter(loader.epoch(0))
-    seg.train_step(*next(it))  # warm-up
-    times, target, saves, loads = [], work / "seg", [], []
-    seg.resume_dir = target
+    target = work / "seg"
+    seg = Segment(cfg, s, SegmentOrder(spec="", data=str(batches), out=str(work / "out"),
+                                       resume=str(target)))
+    seg.build()
+    step = PlainStep(seg)
+    it = iter(seg.batches.epoch(0))
+    step.train_step(*next(it))  # warm-up
+    times, saves, loads = [], [], []
     wait_quiet(MAX_WAIT_S)
     with Contention() as c:
         for _ in range(steps):  # timed like the engine: batch assembly + step
             t0 = time.perf_counter()
-            seg.train_step(*next(it))
+            step.train_step(*next(it))
             times.append(time.perf_counter() - t0)
         for _ in range(3):
             saves.append(seg.save(target))

@@ -31,6 +31,7 @@ from cifarflow.config import with_defaults  # noqa: E402
 from cifarflow.controller.plan import build_runs  # noqa: E402
 from cifarflow.engine.fused.train import fused_group  # noqa: E402
 from cifarflow.engine.segment import Segment  # noqa: E402
+from cifarflow.engine.step import PlainStep  # noqa: E402
 from cifarflow.orders import SegmentOrder  # noqa: E402
 from cifarflow.engine.strategies import get_strategy  # noqa: E402
 
@@ -67,11 +68,8 @@ def alone(cfg, data_dir: Path, threads: int):
     run = Segment(cfg, get_strategy("cpu")(cfg, threads),
                   SegmentOrder(spec="", data=str(data_dir), out="/nonexistent"))
     run.strategy.setup()
-    run.load_data()
-    batches = run.make_batches()
-    model = run.strategy.wrap(run.make_model())
-    run.attach(model, *run.make_optimizer(model.parameters(), len(batches)), batches)
-    return run.train_step, batches
+    run.build()
+    return PlainStep(run).train_step, run.batches
 
 
 def timed(step, batches, steps: int, rounds: int) -> float:

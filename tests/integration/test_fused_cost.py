@@ -15,6 +15,7 @@ from cifarflow.config import with_defaults
 from cifarflow.controller.plan import build_runs
 from cifarflow.engine.fused.train import fused_group
 from cifarflow.engine.segment import Segment
+from cifarflow.engine.step import PlainStep
 from cifarflow.orders import SegmentOrder
 from cifarflow.engine.strategies import get_strategy
 
@@ -57,12 +58,9 @@ def single_step_ops(cifar_dir: Path) -> dict[str, int]:
     run = Segment(cfg, get_strategy("cpu")(cfg, 2),
                   SegmentOrder(spec="", data=str(cifar_dir), out="/nonexistent"))
     run.strategy.setup()
-    run.load_data()
-    batches = run.make_batches()
-    model = run.strategy.wrap(run.make_model())
-    run.attach(model, *run.make_optimizer(model.parameters(), len(batches)), batches)
-    x, y = next(batches.epoch(0))
-    return dispatched(run.train_step, x, y)
+    run.build()
+    x, y = next(run.batches.epoch(0))
+    return dispatched(PlainStep(run).train_step, x, y)
 
 
 def test_a_vmap_step_dispatches_as_many_operators_for_64_members_as_for_4(cifar_dir):
@@ -110,7 +108,7 @@ def test_train_compile_compiles_the_fused_step(cifar_dir):
     from torch._dynamo.eval_frame import _debug_get_cache_entry_list
     from torch._dynamo.utils import counters
 
-    from cifarflow.engine.fused.group import FusedGroup
+    from cifarflow.engine.fused.step import FusedStep
     from cifarflow.engine.fused.optim import FusedOptimizer
 
     counters.clear()
@@ -125,7 +123,7 @@ def test_train_compile_compiles_the_fused_step(cifar_dir):
         assert group.compiled is compiled
         weights[compiled] = group.fused.flat.clone()
         assert not torch.equal(weights[compiled], start)  # it trained
-        for function in (FusedGroup._forward_loss, FusedOptimizer.update):
+        for function in (FusedStep._forward_loss, FusedOptimizer.update):
             entries = _debug_get_cache_entry_list(function.__code__)  # dynamo's, per code
             assert bool(entries) is compiled, f"{function.__qualname__}: {len(entries)} " \
                 f"compiled entries with train.compile {compiled}"

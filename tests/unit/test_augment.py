@@ -3,6 +3,7 @@ test-time flip: pixel-exact on known images, draws a pure function of (seed, epo
 rank), and the loss and accuracies as their definitions say."""
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -10,7 +11,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from conftest import spec
-from cifarflow.orders import SegmentOrder
 from cifarflow.config import NEUTRAL, SHAPING_FIELDS, TrainConfig, resolve_augment
 from cifarflow.engine.augment import Augment, Draws, apply, draw_seed, draws, mirror
 from cifarflow.engine.loaders import Split, TensorBatches, TorchvisionBatches, normalize
@@ -160,12 +160,15 @@ def test_checkpoints_from_before_augmentation_still_resume():
     assert TrainConfig.read(spec(tta="flip")).shaping_hash() == old_hash  # eval only
 
 
-def segment_of(**kw):
-    from cifarflow.engine.segment import Segment
+def step_of(model, test_split=None, **kw):
+    """One run's step (engine/step.py) over ``model``, with nothing built but the model."""
+    from cifarflow.engine.step import PlainStep
     from cifarflow.engine.strategies import get_strategy
 
     cfg = TrainConfig.read(spec(**kw))
-    return Segment(cfg, get_strategy("cpu")(cfg, 1), SegmentOrder(spec="", data=".", out="."))
+    run = SimpleNamespace(cfg=cfg, strategy=get_strategy("cpu")(cfg, 1), batches=None,
+                          model=model, optimizer=None, scheduler=None, test_split=test_split)
+    return PlainStep(run)
 
 
 def test_label_smoothing_changes_the_loss_as_cross_entropy_defines_it():
@@ -174,9 +177,9 @@ def test_label_smoothing_changes_the_loss_as_cross_entropy_defines_it():
     y = torch.randint(0, 10, (16,), generator=gen)
     losses = {}
     for eps in (0.0, 0.2):
-        seg = segment_of(label_smoothing=eps)
         torch.manual_seed(0)
-        seg.model = nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 10))
+        seg = step_of(nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 10)),
+                      label_smoothing=eps)
         out = seg.model(x)
         loss, hits = seg.compute(x, y)
         logp = F.log_softmax(out, 1)
@@ -205,14 +208,15 @@ def test_test_time_flip_scores_the_mean_of_image_and_mirror(tta):
     images = torch.zeros(6, 3, 32, 32, dtype=torch.uint8)
     images[:4, :, :, :16] = 255
     images[4:, :, :, 16:] = 255
-    seg = segment_of(tta=tta, eval_batch_size=4, channels_last=True)
-    seg.model, seg.test_split = LeftRight(), Split(images, torch.tensor([0, 2, 2, 2, 1, 1]))
-    accs = seg.evaluate()
+    kw = dict(tta=tta, eval_batch_size=4, channels_last=True)
+    [accs] = step_of(LeftRight(), Split(images, torch.tensor([0, 2, 2, 2, 1, 1])),
+                     **kw).evaluate()
     assert accs["test_acc"] == pytest.approx(3 / 6)
     if tta == "flip":
         assert accs["test_acc_tta"] == pytest.approx(3 / 6)
-        seg.test_split = Split(images[:4], torch.tensor([0, 2, 2, 2]))
-        assert seg.evaluate() == pytest.approx({"test_acc": 1 / 4, "test_acc_tta": 3 / 4})
+        [accs] = step_of(LeftRight(), Split(images[:4], torch.tensor([0, 2, 2, 2])),
+                         **kw).evaluate()
+        assert accs == pytest.approx({"test_acc": 1 / 4, "test_acc_tta": 3 / 4})
     else:
         assert "test_acc_tta" not in accs
 

@@ -115,9 +115,10 @@ def test_summary_marks_an_early_stopped_run_done_with_its_reason_and_the_advice_
 
 
 def test_a_fused_member_whose_loss_diverged_is_diverged_in_the_summary(tmp_path):
-    """A member a fused group stopped for a NaN/inf loss (engine/fused.py's reason) is
-    `diverged` in summary.csv, not `early_stopped` or `incomplete`, and the advice names it
-    among the runs that did not finish."""
+    """A member a fused group stopped for a NaN/inf loss (engine/segment.py's check_finite,
+    which engine/loop.py calls for a fused step) is `diverged` in summary.csv, not
+    `early_stopped` or `incomplete`, and the advice names it among the runs that did not
+    finish."""
     from cifarflow.results.advice import advice
 
     reason = "diverged: train loss nan at epoch 1"

@@ -46,7 +46,7 @@ def packable(cls: type[Strategy]) -> bool:
     return not cls.launched
 
 
-# what one fused model, its batches and its evaluation share (engine/fused.py)
+# what one fused model, its batches and its evaluation share (engine/fused/)
 FUSE_KEYS = ("model", "model_args", "batch_size", "epochs", "amp", "channels_last", "augment",
              "label_smoothing", "tta")
 

@@ -48,3 +48,14 @@ def resolve_amp(amp: str, device) -> str:
     capability = (torch.cuda.get_device_capability(device)
                   if device.type == "cuda" and torch.cuda.is_available() else None)
     return "bf16" if bf16_native(device.type, cpu_features(), capability) else "none"
+
+
+def autocast(amp: str, device):
+    """The forward's autocast context for ``amp`` (resolved) on ``device``: bf16, or none."""
+    import contextlib
+
+    import torch
+
+    if amp == "bf16":
+        return torch.autocast(device_type=str(device).split(":")[0], dtype=torch.bfloat16)
+    return contextlib.nullcontext()

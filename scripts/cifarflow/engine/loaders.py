@@ -100,7 +100,7 @@ class TensorBatches:
     def augmented(self, x: torch.Tensor, epoch: int, batch: int, fill: float = 0) -> torch.Tensor:
         """Batch ``batch`` of ``epoch`` (its pixels ``x``) as this run's ``train.augment``
         changes it on this rank (the epoch's draws, ``epoch_draws``): ``x`` itself when
-        augmentation is off. A fused group's loop calls it for each member (its own seed)."""
+        augmentation is off. A fused step's batches call it for each member (its own seed)."""
         draws = self.epoch_draws(epoch)
         return x if draws is None else apply(x, draws.batch(batch).to(x.device), fill)
 

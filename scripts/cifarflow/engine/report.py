@@ -15,13 +15,14 @@ NO_GPU = {"gpu_util_pct": None, "gpu_mem_mb": None}
 
 
 class Reporter:
-    def __init__(self, strategy, tensorboard_dir: Path | None):
+    def __init__(self, strategy, tensorboard_dir: Path | None, stream=None,
+                 sample_gpu: bool = True):
         self.strategy = strategy
         self.tensorboard_dir = Path(tensorboard_dir) if tensorboard_dir else None
         self.board = None  # rank 0's TensorBoard writer, when tensorboard_dir is set
         self.gpu: GpuSampler | None = None  # utilisation samples while training on a GPU
-        self.stream = None  # where lines go: stdout, or a fused member's own log file
-        self.sample_gpu = True  # a fused group samples the GPU once, for all members
+        self.stream = stream  # where lines go: stdout (None), or a fused member's own log
+        self.sample_gpu = sample_gpu  # a fused group samples the GPU once, for all members
 
     def log(self, msg: str) -> None:
         if self.strategy.is_main:

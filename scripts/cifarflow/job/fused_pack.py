@@ -1,6 +1,6 @@
 """A fused pack (``pack.fuse``): its members train in ONE process as one fused model
-(engine/fused.py): one step of the allocation (cpus_per_task cores, one GPU) runs
-``cifarflow train-fused``, which keeps each member's log, tries, checkpoint and exit status
+(engine/fused/, driven by engine/loop.py): one step of the allocation (cpus_per_task
+cores, one GPU) runs ``cifarflow train-fused``, which keeps each member's log, tries, checkpoint and exit status
 as a member alone would, and reports them in a status file."""
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ import os
 import subprocess
 from pathlib import Path
 
-from ..config import TrainConfig
 from ..engine.checkpoints.files import atomic_write_text
 from ..layout import RunPaths
 from ..orders import FusedOrder, PackOrder
@@ -50,50 +49,45 @@ def run_fused_pack(order: PackOrder) -> int:
 
 def train_fused_members(order: FusedOrder, start_time: float) -> int:
     """`cifarflow train-fused`: each member's log (its own try, as unpacked), its try
-    (job/one_try.py, as a run alone: refused, taken over, started, ended), then the fused
-    training; each member's outcome in the order's status file."""
-    from ..engine.fused.train import train_fused
-    from ..engine.segment import Segment
-    from ..engine.strategies import get_strategy
+    (job/one_try.py, as a run alone: refused, taken over, started, ended), then the order
+    handed to the engine with the logs of the members that may train; each member's
+    outcome in the order's status file."""
+    from ..engine.run import run_fused
 
-    outcome, segments, tried = {}, [], {}
+    outcome, logs, says, tried = {}, {}, {}, {}
     with contextlib.ExitStack() as stack:
         for run in order.members:
             paths = RunPaths(order.results, run)
             attempt = next_attempt(paths, order.segment)
             log = stack.enter_context(open_member_log(paths, order.segment, attempt))
-            say = line_writer(log)
-            member = order.member(run, attempt)
+            says[run] = say = line_writer(log)
             try:
                 tried[run] = stack.enter_context(recorded_try(
-                    Path(paths.root), member.out, attempt, say=say, fused=order.pack))
+                    Path(paths.root), order.member(run, attempt).out, attempt, say=say,
+                    fused=order.pack))
             except TryRefused as exc:
                 say(exc.line("train-fused"))
                 outcome[run] = {"exit": exc.exit_status, "error": str(exc)}
                 continue
-            cfg = TrainConfig.read(Path(member.spec))
-            segment = Segment(cfg, get_strategy(cfg.strategy)(cfg, order.threads), member,
-                              start_time)
-            segment.report.stream, segment.report.sample_gpu = log, not segments
-            segments.append(segment)
+            logs[run] = (attempt, log)
 
         def say_group(line: str) -> None:
             print(f"[fused {order.pack}] {line}", flush=True)
 
         try:
-            results_of = train_fused(order, segments, start_time, say_group)
+            results_of = run_fused(order, logs, start_time, say_group)
         except BaseException as exc:  # the whole group failed: every member's try says why
-            for segment in segments:
-                segment.report.say(f"ERROR: the fused group failed: {type(exc).__name__}: {exc}")
+            for run in logs:
+                says[run](f"ERROR: the fused group failed: {type(exc).__name__}: {exc}")
             raise
-        for segment in segments:
-            run, result = segment.cfg.run, results_of[segment.cfg.run]
+        for run, (attempt, _) in logs.items():
+            result = results_of[run]
             if "error" in result:
                 tried[run].error = result["error"]
                 outcome[run] = {"exit": 2, "error": result["error"]}
             else:
                 tried[run].result = result
                 outcome[run] = {"exit": 0, "done": result["done"], "epoch": result["epoch"],
-                                "attempt": segment.attempt}
+                                "attempt": attempt}
     atomic_write_text(Path(order.status), json.dumps(outcome, indent=1) + "\n")
     return 0 if all(entry["exit"] == 0 for entry in outcome.values()) else 1

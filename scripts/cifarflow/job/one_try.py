@@ -106,12 +106,12 @@ def train_segment(order, start_time: float) -> dict:
     in the run's tries.jsonl; torch is imported once the start is recorded, so a kill that
     comes early finds it. A segment outside a workflow (no run folder) records no try."""
     if not order.work:
-        from ..engine.segment import run_training
+        from ..engine.run import run_training
 
         return run_training(order, start_time)
     try:
         with recorded_try(order.run_dir, order.out, order.attempt) as outcome:
-            from ..engine.segment import run_training
+            from ..engine.run import run_training
 
             outcome.result = run_training(order, start_time)
     except TryRefused as exc:

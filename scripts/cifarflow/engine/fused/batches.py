@@ -1,6 +1,6 @@
 """The batches of a fused group: each member's batch of one step, from one copy of the
 split on the device, gathered once for all when the members share an order. Part of
-engine/fused.py's group."""
+engine/fused/step.py's step."""
 
 from __future__ import annotations
 

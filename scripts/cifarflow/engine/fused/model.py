@@ -5,7 +5,7 @@ parameter in a few whole-buffer operations and one ``zero_`` clears all gradient
 is called with ``vmap``, functionally on the views (one grouped convolution, one batched
 matmul; with a shared input batch, conv1 is one dense convolution over K x its channels;
 lenet's own hand-fused forward, nets.py, computes the same without vmap), or in ``loop``, member after member, each member's own module with its parameters made views
-of its row. Part of engine/fused.py's group."""
+of its row. Part of the fused step (step.py)."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ The schedules are not stepped per member and per batch on the host: ``HyperTable
 once per group, each member's learning rate (and OneCycle's momentum / beta1) for every step
 of the segment ahead on the device, and the step reads its row (a view, no copy). The
 members' own torch optimizers and schedulers are synced at exports (saves, the segment's
-end), so their checkpoints stay in the unfused format. Part of engine/fused.py's group."""
+end), so their checkpoints stay in the unfused format. Part of the fused step (step.py)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """A fused pack's segment in one process: its members' data (once), models, optimizers and
-schedules built as each would alone, resumed, and trained as one fused group per resume
-point (engine/fused.py); and ``fused_group``, one group built in this process for
-benchmarks and tests."""
+schedules built as each would alone, resumed, and trained by the one loop (engine/loop.py)
+as one fused step (step.py) per resume point; and ``fused_group``, one group's step built
+in this process for benchmarks and tests."""
 
 from __future__ import annotations
 
@@ -9,11 +9,10 @@ from types import SimpleNamespace
 
 from ...orders import FusedOrder
 from ..build import build_placed_model, seed_rngs, set_determinism
-from .group import FusedGroup
-from .batches import FusedBatches
-from .model import default_mode
-from ..stop import StopController
 from ..cuda import apply_cuda_switches
+from ..loop import Loop
+from .model import default_mode
+from .step import FusedStep
 
 
 def process_switches(cfgs: list) -> SimpleNamespace:
@@ -48,13 +47,12 @@ def build_members(members: list, mode: str | None = None, say=print) -> str:
     schedule, exactly as the member would alone, under the pack's switches (set once);
     returns the fusion mode."""
     first = members[0]
-    first.load_data()
-    first.train_split = first.train_split.to(first.strategy.device)
+    first.load_data(on_device=True)
     batches0 = first.make_batches()  # also moves the test split to the device
     set_process_switches(members, say)
     for m in members:
-        m.train_split, m.test_split = first.train_split, first.test_split
-        m.data_dir = first.data_dir
+        if m is not first:
+            m.load_data(like=first)
         seed_rngs(m.cfg.seed)
         batches = batches0 if m is first else m.make_batches()
         model = build_placed_model(m.cfg, m.strategy)
@@ -62,17 +60,16 @@ def build_members(members: list, mode: str | None = None, say=print) -> str:
     return mode or default_mode(first.strategy.device)
 
 
-def train_fused(order: FusedOrder, members: list, start_time: float, say) -> dict:
-    """Segment k of each member (Segments built for one process each, not yet set up),
-    fused as ``order`` (orders.FusedOrder) says: the members resumed at one position train
-    as one group; members at another position (an earlier try stopped them elsewhere) form
-    a group of their own, trained next, and say so. Returns each run's result, or its error
-    (the others go on)."""
+def train_members(order: FusedOrder, members: list, say) -> dict:
+    """Segment k of each member (ledgers of one process each, not yet set up), fused as
+    ``order`` (orders.FusedOrder) says: the members resumed at one position train as one
+    step; members at another position (an earlier try stopped them elsewhere) form a group
+    of their own, trained next, and say so. Returns each run's result, or its error (the
+    others go on)."""
     members = sorted(members, key=lambda m: m.cfg.optimizer)  # a block per kind
     for m in members:
         m.strategy.setup()
     mode = build_members(members, None if order.mode == "auto" else order.mode, say)
-    share_input = not order.no_shared_input
     results, groups = {}, {}
     for m in members:
         try:
@@ -92,24 +89,17 @@ def train_fused(order: FusedOrder, members: list, start_time: float, say) -> dic
         say(f"fused group of {len(group_members)} ({mode}) on {first.strategy.device}, from "
             f"epoch {position[0] + 1} batch {position[1]}: "
             + ", ".join(m.cfg.run for m in group_members))
-        stop = StopController(first.budget_s, first.cfg.margin_s, first.strategy, start_time,
-                              first.cfg.checkpoint_interval_s)
-        group = FusedGroup(group_members, mode, say,
-                           FusedBatches([m.batches for m in group_members], share_input))
+        step = FusedStep(group_members, mode, say, not order.no_shared_input)
         if len(group_members) > 1:
-            say("one batch shared by all members (same order)" if group.batches.shared
+            say("one batch shared by all members (same order)" if step.batches.shared
                 else "each member its own batch order (seeds differ)")
-        reason, left = group.run(stop)
-        for m in group.members:
-            m.result = m.finish(reason)
-        for m in [*left, *group.members]:
-            results[m.cfg.run] = m.result
+        results.update(Loop(step, say).train())
     return results
 
 
 def fused_group(cfgs: list, data_dir, threads: int = 0, mode: str | None = None,
-                share_input: bool = True, say=print) -> FusedGroup:
-    """A fused group of the runs ``cfgs`` (TrainConfigs, one strategy), built in this process
+                share_input: bool = True, say=print) -> FusedStep:
+    """The fused step of the runs ``cfgs`` (TrainConfigs, one strategy), built in this process
     from scratch with nothing written: what benchmarks and tests step and profile."""
     from ...orders import SegmentOrder
     from ..segment import Segment
@@ -121,5 +111,4 @@ def fused_group(cfgs: list, data_dir, threads: int = 0, mode: str | None = None,
     for m in members:
         m.strategy.setup()
     mode = build_members(members, mode, say)
-    return FusedGroup(members, mode, say,
-                      FusedBatches([m.batches for m in members], share_input))
+    return FusedStep(members, mode, say, share_input)

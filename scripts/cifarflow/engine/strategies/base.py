@@ -16,7 +16,6 @@ module).
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 from typing import ClassVar
@@ -118,8 +117,7 @@ class Strategy:
     def __init__(self, cfg, threads: int = 0):
         self.cfg, self.requested_threads = cfg, threads
         self.rank, self.local_rank, self.world_size = 0, 0, 1
-        self.device = "cpu"
-        self.backend_name = ""
+        self.device, self.backend_name = "cpu", ""
 
     @property
     def is_main(self) -> bool:
@@ -151,8 +149,6 @@ class Strategy:
         torch.set_num_threads(n)
 
     def setup(self) -> None:
-        import torch
-
         self.set_threads()
         if self.uses_cuda():
             require_cuda(self.name)
@@ -161,7 +157,9 @@ class Strategy:
 
     def train(self, segment) -> dict:
         """Drive the segment: the engine's own loop unless a framework brings one."""
-        return segment.run()
+        from ..loop import train_alone
+
+        return train_alone(segment)
 
     def checkpointer(self):
         from ..checkpoints.files import FileCheckpointer
@@ -237,11 +235,9 @@ class Strategy:
         return resolve_amp(self.cfg.amp, self.device)
 
     def autocast(self):
-        import torch
+        from ..hardware import autocast
 
-        if self.amp == "bf16":
-            return torch.autocast(device_type=str(self.device).split(":")[0], dtype=torch.bfloat16)
-        return contextlib.nullcontext()
+        return autocast(self.amp, self.device)
 
     def teardown(self) -> None:
         import torch.distributed as dist

@@ -1,8 +1,9 @@
-"""PyTorch Lightning as a thin adapter over the engine's segment.
+"""PyTorch Lightning as a thin adapter over the engine's loop.
 
 Lightning's Trainer runs the batches: its DDP strategy, devices and nodes (under Slurm it
 reads its ranks from srun's environment; locally it spawns its own workers). Everything
-else is the engine's, called from Lightning's hooks: resume, agreed stop/save decisions,
+else is the engine's, called from Lightning's hooks: resume (the segment's), and the hooks
+of the one loop (engine/loop.py) over the plain step: agreed stop/save decisions,
 in-segment checkpoints, epoch records, evaluation and publish. The checkpoint is the
 engine's own (model, optimizer, scheduler, RNG states, position in the epoch), so a
 Lightning segment stops and resumes at any batch, exactly like the other strategies.
@@ -35,6 +36,9 @@ class LightningStrategy(MultiProcessStrategy):
         import lightning.pytorch as pl
         import torch
 
+        from ..loop import Loop
+        from ..step import PlainStep
+
         strategy, cfg = self, segment.cfg
         segment.load_data()  # seeds first: the model is initialised as in the engine's loop
 
@@ -52,6 +56,7 @@ class LightningStrategy(MultiProcessStrategy):
             def __init__(self):
                 super().__init__()
                 self.model, self.reason = segment.make_model(), None
+                self.books = None  # the engine's loop over the plain step, at on_fit_start
 
             def setup(self, stage):
                 strategy.adopt(self.trainer)
@@ -65,11 +70,12 @@ class LightningStrategy(MultiProcessStrategy):
                 segment.attach(strategy.wrap(self.model), self.trainer.optimizers[0],
                                self.trainer.lr_scheduler_configs[0].scheduler, self.batches)
                 segment.resume()
+                self.books = Loop(PlainStep(segment))
                 # the partial one counts; 0 once the run is done (-1 would mean "no limit")
                 self.trainer.fit_loop.max_epochs = segment.epochs_left()
 
             def on_train_start(self):
-                segment.begin()  # after Lightning's signal handlers, so ours are the ones
+                self.books.begin()  # after Lightning's signal handlers, so ours are the ones
 
             def train_dataloader(self):
                 p = segment.progress
@@ -77,18 +83,19 @@ class LightningStrategy(MultiProcessStrategy):
                                                    batch_size=None)
 
             def on_train_epoch_start(self):
-                segment.start_epoch()
+                self.books.start_epoch()
 
             def training_step(self, batch, idx):
-                loss, hits = segment.compute(*batch)
+                loss, hits = self.books.step.compute(*batch)
                 return {"loss": loss, "hits": hits}
 
             def on_train_batch_end(self, out, batch, idx):
-                self.stop_on(segment.after_batch(out["loss"].detach(), out["hits"], len(batch[1])))
+                self.stop_on(self.books.after_batch(out["loss"].detach(), out["hits"],
+                                                   len(batch[1])))
 
             def on_train_epoch_end(self):
                 if segment.progress.step == segment.steps:  # not a mid-epoch stop
-                    self.stop_on(segment.end_epoch())
+                    self.stop_on(self.books.end_epoch())
 
             def stop_on(self, reason):
                 if reason:
@@ -113,4 +120,4 @@ class LightningStrategy(MultiProcessStrategy):
             num_sanity_val_steps=0, limit_val_batches=0, default_root_dir=str(segment.out_dir.parent))
         module = Module()
         trainer.fit(module)
-        return segment.finish(module.reason)
+        return module.books.finish(module.reason)[cfg.run]
