@@ -30,6 +30,10 @@ def test_training_learns(reference):
     assert history[-1]["test_acc"] > 0.3  # chance is 0.1
     for h in history:
         assert h["images_per_sec"] > 0 and h["wall_s"] > 0 and h["peak_mem_mb"] > 0
+    # each epoch's training window (wall clock): in order, one after the other
+    windows = [(h["started_at"], h["ended_at"]) for h in history]
+    assert all(start <= end for start, end in windows), windows
+    assert all(a[1] <= b[0] for a, b in zip(windows, windows[1:])), windows
     manifest = ckpt.read_manifest(reference)
     assert manifest["done"] and manifest["epoch"] == 3
 

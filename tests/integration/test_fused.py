@@ -148,6 +148,7 @@ def test_members_train_as_alone_each_with_its_own_hyperparameters(tmp_path, cifa
             [(r["train_loss"], r["train_acc"], r["test_acc"]) for r in am]
         for f, a in zip(fm, am):
             assert f["lr"] == pytest.approx(a["lr"], rel=1e-12)
+            assert f["started_at"] <= f["ended_at"]  # the group's training window
         log = Path(RunPaths(str(fused_dir), run).log(1)).read_text()
         assert f"[{run}]" in log and "epoch 2/2 loss" in log
     decayed, plain = (state_of(segment(fused_dir, run, 1))["model"] for run in runs[:2])

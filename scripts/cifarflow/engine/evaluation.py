@@ -37,7 +37,7 @@ def evaluate(model, split, cfg, strategy) -> dict:
 
 @torch.no_grad()
 def evaluate_fused(fused, split, cfg, strategy) -> list[dict]:
-    """The same of every member of a fused model (fused_model.FusedModel) on the shared
+    """The same of every member of a fused model (fused/model.py's FusedModel) on the shared
     split, one process: a list of K dicts."""
     s = strategy
     tta = cfg.tta == "flip"

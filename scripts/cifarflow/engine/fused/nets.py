@@ -29,7 +29,7 @@ def grouped_input(x: torch.Tensor, shared: bool) -> torch.Tensor:
 def conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, groups: int,
          **kw) -> torch.Tensor:
     """K convolutions as one: ``weight`` (K, O, I, h, w) whose (K, O) fold into one
-    dimension without a copy (fused_model.ChannelsLastStack's layout, or contiguous)."""
+    dimension without a copy (model.py's ChannelsLastStack layout, or contiguous)."""
     return F.conv2d(x, weight.flatten(0, 1), None if bias is None else bias.flatten(),
                     groups=groups, **kw)
 
