@@ -1,7 +1,7 @@
 """A fused pack (``pack.fuse``): its members train in ONE process as one fused model
 (engine/fused/, driven by engine/loop.py): one step of the allocation (cpus_per_task
-cores, one GPU) runs ``cifarflow train-fused``, which keeps each member's log, tries, checkpoint and exit status
-as a member alone would, and reports them in a status file."""
+cores, one GPU) runs ``cifarflow train-fused``, which keeps each member's log, tries,
+checkpoint and exit status as a member alone would, and reports them in a status file."""
 
 from __future__ import annotations
 

@@ -4,8 +4,9 @@ parameter is a ``(K, ...)`` view into it, so the optimizer updates every member'
 parameter in a few whole-buffer operations and one ``zero_`` clears all gradients. The model
 is called with ``vmap``, functionally on the views (one grouped convolution, one batched
 matmul; with a shared input batch, conv1 is one dense convolution over K x its channels;
-lenet's own hand-fused forward, nets.py, computes the same without vmap), or in ``loop``, member after member, each member's own module with its parameters made views
-of its row. Part of the fused step (step.py)."""
+lenet's own hand-fused forward, nets.py, computes the same without vmap), or in ``loop``,
+member after member, each member's own module with its parameters made views of its row.
+Part of the fused step (step.py)."""
 
 from __future__ import annotations
 
@@ -145,7 +146,8 @@ class FusedModel:
         # convolution weights kept channels_last: vmap folds (K, O) into one dimension, which
         # the flat tensor's row stride does not allow, so the call gets a copy whose member
         # slices stay channels_last (else oneDNN and cuDNN run another algorithm than alone)
-        self.channels_last = [name for name in names if keeps_channels_last(first.get_parameter(name))]
+        self.channels_last = [name for name in names
+                              if keeps_channels_last(first.get_parameter(name))]
         if mode == "loop":
             self.modules = modules
             self._point_into_flat(modules)

@@ -17,13 +17,13 @@ The members' parameters live in one flat ``(K, P)`` tensor, their gradients in a
 
 One copy of the data per group; one gathered batch for all when the members share a seed.
 Each member is bookkept by its own ledger, an engine ``Segment`` (progress, log file,
-TensorBoard, checkpoints): its segment directory holds an ordinary, unfused checkpoint, so a member can
-go on alone, and a fused group resumes from its members' checkpoints. Each member keeps its
-own seed (initial weights, batch order, augmentation draws) and hyper-parameters (learning
-rate and its schedule, momentum, weight decay, optimizer), applied by optim.py's
-``FusedOptimizer`` in a few whole-buffer operations per step. A member whose loss turns NaN
-or infinite leaves the group at the epoch's end; the others never see its values (its
-gradients are its own row).
+TensorBoard, checkpoints): its segment directory holds an ordinary, unfused checkpoint, so a
+member can go on alone, and a fused group resumes from its members' checkpoints. Each
+member keeps its own seed (initial weights, batch order, augmentation draws) and
+hyper-parameters (learning rate and its schedule, momentum, weight decay, optimizer), applied
+by optim.py's ``FusedOptimizer`` in a few whole-buffer operations per step. A member whose
+loss turns NaN or infinite leaves the group at the epoch's end; the others never see its
+values (its gradients are its own row).
 
 Here: the group's step (``FusedStep``), which engine/loop.py's one loop drives as it drives
 one run's, its decisions and its members' books written there once; its batches are
