@@ -82,7 +82,7 @@ def installed_apart(pins: dict[str, str]) -> Path:
 
 
 @pytest.mark.parametrize("end", ["oldest", "newest"])
-def test_the_fixes_apply_to_both_ends_of_each_allowed_range(end):
+def test_the_fixes_apply_to_both_ends_of_each_allowed_range(end, tmp_path):
     pins = range_end(end)
     folder = installed_apart(pins)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(folder), str(ROOT / "scripts")]))
@@ -91,7 +91,8 @@ def test_the_fixes_apply_to_both_ends_of_each_allowed_range(end):
                    "print(json.dumps({n: m.version(n) for n in sys.argv[1:]}))", *pins],
         env=env, capture_output=True, text=True, check=True)
     assert json.loads(seen.stdout) == pins  # the modules under test are that end's
-    tests = subprocess.run([PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", *FIX_TESTS],
+    tests = subprocess.run([PY, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                            f"--basetemp={tmp_path / 'pytest'}", *FIX_TESTS],  # its own tmp
                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert tests.returncode == 0, (pins, tests.stdout[-4000:], tests.stderr[-2000:])
     assert re.search(r"\d+ passed", tests.stdout) and "skipped" not in tests.stdout
