@@ -17,3 +17,13 @@ def test_strings_become_the_numbers_and_booleans_the_schema_asks_for():
     assert typed["results"] == "out"
     # what is not a number stays as it was: validation names it
     assert typed_like_schema({"train": {"epochs": "many"}}, schema())["train"]["epochs"] == "many"
+
+
+def test_the_schema_read_by_libyaml_is_the_pure_python_read():
+    """schema() reads with pyyaml's C loader where it has one (every job's Snakemake reads
+    it): the same dict as yaml.safe_load, key for key."""
+    import yaml
+
+    from cifarflow.schema import SCHEMA, schema
+
+    assert schema() == yaml.safe_load(SCHEMA.read_text())
