@@ -85,17 +85,22 @@ def check_fit(shapes: dict[str, dict], named: str, partitions: dict | None,
     unknown = unknown_partition(named, partitions)
     if unknown:
         return [unknown]
-    errors, alike = [], {}
-    for job, shape in shapes.items():  # one error per request: a sweep has many alike
-        alike.setdefault(repr(sorted(shape.items())), []).append(job)
-    for jobs in alike.values():
-        job, shape = jobs[0], shapes[jobs[0]]
-        if len(jobs) > 1:
-            job += f" (and {len(jobs) - 1} more alike)"
+    errors = []
+    for job, shape in alike(shapes):  # one error per request: a sweep has many alike
         error = job_error(job, shape, named, partitions, accounts, groups)
         if error and error not in errors:
             errors.append(error)
     return errors
+
+
+def alike(shapes: dict[str, dict], key=lambda shape: repr(sorted(shape.items()))):
+    """One (label, shape) per kind of job (by ``key``): the first job of the kind, named with
+    how many more are alike, and its shape."""
+    kinds: dict = {}
+    for job, shape in shapes.items():
+        kinds.setdefault(key(shape), []).append(job)
+    return [(jobs[0] + (f" (and {len(jobs) - 1} more alike)" if len(jobs) > 1 else ""),
+             shapes[jobs[0]]) for jobs in kinds.values()]
 
 
 def job_error(job: str, shape: dict, named: str, partitions: dict, accounts: dict | None = None,
@@ -171,26 +176,27 @@ def whole_node_notes(shapes: dict[str, dict], named: str, partitions: dict | Non
                      account: str | None = None) -> list[str]:
     """Where every partition a CPU job may run in gives whole nodes (OverSubscribe=
     EXCLUSIVE), a job holds a node and is billed for all of it: for each kind of CPU run or
-    pack that leaves more than half a node idle, what one job costs and the pack that
-    fills the node (a run's CPUs: its tasks' ; a pack's members are its tasks)."""
+    pack that leaves more than half a node idle, what one job costs and the pack that fills
+    the node (a run uses all its tasks' CPUs; a pack's tasks are its members)."""
     if not partitions:
         return []
     places, label = candidates(partitions, named, False, account)
     if not places or not all(p["whole_node"] for p in places):
         return []
     node_cpus = min((n["cpus"] for p in places for n in p["nodes"]), default=0)
-    alike: dict = {}
-    for job, shape in shapes.items():
-        if job_gpus(shape) or shape.get("nodes", 1) != 1 and not shape.get("pack"):
-            continue  # GPU jobs, and runs over several nodes, hold what they ask
+
+    def cpus(shape: dict) -> tuple[int, int]:  # (the job's, one run's)
         used = shape["tasks"] * shape["cpus_per_task"]
-        per_run = shape["cpus_per_task"] if shape.get("pack") else used
-        alike.setdefault((used, per_run), []).append(job)
+        return used, shape["cpus_per_task"] if shape.get("pack") else used
+
+    # GPU jobs, and runs over several nodes, hold what they ask
+    cpu_jobs = {job: shape for job, shape in shapes.items()
+                if not job_gpus(shape) and (shape.get("nodes", 1) == 1 or shape.get("pack"))}
     notes = []
-    for (used, per_run), jobs in alike.items():
+    for job, shape in alike(cpu_jobs, key=cpus):
+        used, per_run = cpus(shape)
         if not node_cpus or used * 2 > node_cpus:
             continue  # half a node or more: packing gains little
-        job = jobs[0] + (f" (and {len(jobs) - 1} more alike)" if len(jobs) > 1 else "")
         notes.append(f"{job}: {label} ({', '.join(p['name'] for p in places)}) gives whole "
                      f"nodes (OverSubscribe=EXCLUSIVE), so one job of {used} CPU(s) holds a "
                      f"{node_cpus}-CPU node and is billed for all of it ({used / node_cpus:.0%} "

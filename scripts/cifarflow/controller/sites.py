@@ -53,7 +53,7 @@ def read_only_folder(path, site: Site, environ=os.environ) -> str | None:
     or None."""
     where = Path(path).resolve()
     for name in site.read_only_on_nodes:
-        value = environ.get(name)
-        if value and (where == Path(value).resolve() or Path(value).resolve() in where.parents):
+        folder = Path(environ[name]).resolve() if environ.get(name) else None
+        if folder and (where == folder or folder in where.parents):
             return name
     return None

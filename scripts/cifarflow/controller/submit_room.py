@@ -70,7 +70,7 @@ class SubmitRoom:
         self.recount_s, self.retry_s, self.sleep = recount_s, retry_s, sleep
         self.lock = threading.Lock()
         self.full = False  # sbatch refused a submission since one was last accepted
-        self.waits_for = "room"  # what the last refusal waits for (waits_for)
+        self.waiting_for = "room"  # what the last refusal waits for (waits_for)
         self.limit: int | None = None  # asked at the first refusal for the limit
         self.told: set[str] = set()
         self.refusals = 0  # sbatch refusals waited out, in all
@@ -82,7 +82,7 @@ class SubmitRoom:
         kind = waits_for(message) or "room"
         with self.lock:
             self.refusals += 1
-            self.full, self.waits_for = True, kind
+            self.full, self.waiting_for = True, kind
             first = kind not in self.told
             self.told.add(kind)
         if not first:
@@ -113,7 +113,7 @@ class SubmitRoom:
         while self.full:
             self.sleep(self.recount_s)
             waited += self.recount_s
-            if not self.full or self.waits_for == "controller" or waited >= self.retry_s:
+            if not self.full or self.waiting_for == "controller" or waited >= self.retry_s:
                 return
             queued = self.count() if self.limit else None
             if queued is not None and queued < self.limit:

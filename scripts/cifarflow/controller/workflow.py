@@ -184,7 +184,7 @@ class WorkflowPlan:
         resources resolved, threads, its shape for routing); what will_run asks Slurm."""
         env = self.env_resources()
         jobs = [("record_environment", env, 1,
-                 {"tasks": 1, "cpus_per_task": 1, "mem_mb_per_node": 2000,
+                 {"tasks": 1, "cpus_per_task": 1, "mem_mb_per_node": env["mem_mb"],
                   "runtime": env["runtime"], "gpus_per_node": int(bool(self.software.env_gpu))})]
         for label, (kind, name), shape in job_units(self.runs, self.packs):
             if kind == "pack":
