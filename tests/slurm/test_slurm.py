@@ -5,6 +5,7 @@ ddp ranks are started by srun, fetch/extract/aggregate stay on the login node.""
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -25,6 +26,29 @@ pytestmark = pytest.mark.slurm
 CONFIG = ROOT / "tests" / "configs" / "slurm" / "config.yaml"
 STRATEGIES = ("cpu", "ddp", "fsdp", "lightning")
 FAST_POLLING = ["--slurm-init-seconds-before-status-checks", "1", "--seconds-between-status-checks", "1", "--latency-wait", "5"]
+
+
+SLURM_CLIENTS = ("sbatch", "srun", "squeue", "sacct", "sacctmgr", "scontrol", "sinfo", "scancel")
+
+
+def logged_clients(tmp_path, names=SLURM_CLIENTS) -> tuple[str, Path]:
+    """Stand-ins for Slurm's clients first on PATH: each call logged (when, the job it ran
+    in or '-', the command line), then the real command. Returns that PATH and the log."""
+    wrappers, log = tmp_path / "logged-bin", tmp_path / "slurm-calls.log"
+    wrappers.mkdir()
+    for name in names:
+        (wrappers / name).write_text(
+            f'#!/bin/sh\necho "$(date +%s.%N)|${{SLURM_JOB_ID:--}}|{name} $*" >> {log}\n'
+            f'exec {shutil.which(name)} "$@"\n')
+        (wrappers / name).chmod(0o755)
+    return f"{wrappers}{os.pathsep}{os.environ['PATH']}", log
+
+
+def logged_calls(log: Path) -> list[tuple[float, str, str]]:
+    """(when, job or '-', command line) of each call logged_clients' stand-ins logged."""
+    lines = log.read_text().splitlines() if log.exists() else []
+    return [(float(when), job, call) for when, job, call in
+            (line.split("|", 2) for line in lines)]
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -20,7 +20,6 @@
 
 import os
 import re
-import shutil
 import signal
 import subprocess
 import time
@@ -30,7 +29,7 @@ import pytest
 from conftest import (ROOT, SLURM_RUNS, self_stopped, slurm_job_prefix, slurm_jobs,
                       start_snakemake, stop_at, summary_rows, sweep_config)
 from alliance import CPU_ACCOUNT
-from test_slurm import profile_args
+from test_slurm import logged_calls, logged_clients, profile_args
 
 pytestmark = pytest.mark.slurm
 CLUSTER = ROOT / "tests" / "slurm" / "cluster.sh"
@@ -81,27 +80,15 @@ def accounting_outage():
 PLUGIN_LONGEST_INTERVAL_S, SACCT_TIMEOUT_S = 180, 60
 
 
-def logging_sacct(tmp_path):
-    """A stand-in sacct that logs the time and arguments of each call, then runs the real
-    one; a PATH with it first, and the log."""
-    bin_dir, log = tmp_path / "bin", tmp_path / "sacct-calls.log"
-    bin_dir.mkdir()
-    (bin_dir / "sacct").write_text(f'#!/bin/sh\necho "$(date +%s.%N) $*" >> {log}\n'
-                                   f'exec {shutil.which("sacct")} "$@"\n')
-    (bin_dir / "sacct").chmod(0o755)
-    return f"{bin_dir}{os.pathsep}{os.environ['PATH']}", log
-
-
 def status_queries(log) -> list[float]:
     """When the plugin asked sacct for the state of the workflow's jobs."""
-    return [float(line.split(" ", 1)[0]) for line in log.read_text().splitlines()
-            if "--format=JobIdRaw,State" in line]
+    return [when for when, _, call in logged_calls(log) if "--format=JobIdRaw,State" in call]
 
 
 def test_an_accounting_outage_is_ridden_out(tmp_path, accounting_outage):
     config = sweep_config(tmp_path / "sweep.yaml", runs=2, runs_per_job=1)
     marker = tmp_path / "stopped.pid"
-    path, calls = logging_sacct(tmp_path)
+    path, calls = logged_clients(tmp_path, ("sacct",))
     proc = start(tmp_path, config, PATH=path,
                  **stop_at("before-first-batch", "segment-1", marker))
     frozen = self_stopped(marker, proc)

@@ -6,8 +6,6 @@ Slurm's clients are the real ones, behind a wrapper first on PATH that counts ea
 import csv
 import getpass
 import json
-import os
-import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -22,6 +20,7 @@ from cifarflow.controller.pending import PendingWatch
 from cifarflow.slurm_queue import pending_of, squeue_mine
 from alliance import CPU_ACCOUNT
 from conftest import slurm_job_prefix
+from test_slurm import logged_calls, logged_clients
 
 pytestmark = pytest.mark.slurm
 
@@ -30,18 +29,13 @@ pytestmark = pytest.mark.slurm
 def counted(tmp_path, monkeypatch):
     """sacct and squeue first on PATH: each call logged, then the real command. Returns a
     function giving the logged calls, clearing the log."""
-    wrappers, log = tmp_path / "counted-bin", tmp_path / "calls.log"
-    wrappers.mkdir()
-    for name in ("sacct", "squeue"):
-        real = shutil.which(name)
-        (wrappers / name).write_text(f'#!/bin/sh\necho "{name} $*" >> {log}\nexec {real} "$@"\n')
-        (wrappers / name).chmod(0o755)
-    monkeypatch.setenv("PATH", f"{wrappers}:{os.environ['PATH']}")
+    path, log = logged_clients(tmp_path, ("sacct", "squeue"))
+    monkeypatch.setenv("PATH", path)
 
     def calls() -> list[str]:
-        lines = log.read_text().splitlines() if log.exists() else []
+        made = [call for _, _, call in logged_calls(log)]
         log.write_text("")
-        return lines
+        return made
 
     return calls
 

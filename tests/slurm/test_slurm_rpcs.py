@@ -6,7 +6,6 @@ does not depend on timing (submissions, one job step per pack job, the plan's cl
 once per controller); the figures per job go to bench/README.md (bench/scheduler_rpcs.py)."""
 
 import os
-import shutil
 import subprocess
 from collections import Counter
 
@@ -14,38 +13,21 @@ import pytest
 
 from conftest import sweep_config, summary_rows
 from cifarflow import slurm_queue
-from test_slurm import slurm as run_slurm
+from test_slurm import logged_calls, logged_clients, slurm as run_slurm
 
 pytestmark = pytest.mark.slurm
-CLIENTS = ("sbatch", "srun", "squeue", "sacct", "sacctmgr", "scontrol", "sinfo", "scancel")
-
-
-def counting_path(tmp_path) -> tuple[dict, callable]:
-    """Wrappers of Slurm's clients first on PATH, each call logged with the job it ran in
-    ('-' for the controller); returns the env and a reader of the log."""
-    wrappers, log = tmp_path / "counted-bin", tmp_path / "slurm-calls.log"
-    wrappers.mkdir()
-    for name in CLIENTS:
-        (wrappers / name).write_text(f'#!/bin/sh\necho "${{SLURM_JOB_ID:--}}|{name} $*" >> {log}\n'
-                                     f'exec {shutil.which(name)} "$@"\n')
-        (wrappers / name).chmod(0o755)
-
-    def calls() -> list[tuple[str, str]]:
-        return [tuple(line.split("|", 1)) for line in log.read_text().splitlines()]
-
-    return {"PATH": f"{wrappers}:{os.environ['PATH']}"}, calls
 
 
 def test_a_packed_sweep_costs_one_step_per_pack_job_and_reads_the_cluster_once(tmp_path):
     config = sweep_config(tmp_path / "sweep.yaml", runs=4, runs_per_job=2, mem_mb=1000)
-    env, calls = counting_path(tmp_path)
+    path, log = logged_clients(tmp_path)
     assert slurm_queue.reset_rpc_counts()
-    out = run_slurm(tmp_path, configfile=config, env=env)
+    out = run_slurm(tmp_path, configfile=config, env={"PATH": path})
     counts = slurm_queue.rpc_counts()
     rows = summary_rows(tmp_path)
     assert len(rows) == 4 and {r["status"] for r in rows.values()} == {"ok"}
     print("\nsdiag after the sweep:", dict(sorted(counts.items())))
-    made = calls()
+    made = [(job, call) for _, job, call in logged_calls(log)]
     by_command = Counter(call.split()[0] + " " + (call.split() + [""])[1] for _, call in made)
     print("Slurm commands of the workflow's processes:", dict(by_command.most_common()))
     # 2 packs x 2 segments, and record_environment: nothing else is submitted
