@@ -10,6 +10,7 @@ import functools
 import json
 import os
 import re
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -71,12 +72,12 @@ def installed_apart(pins: dict[str, str]) -> Path:
     folder = CACHE / "fix-ranges" / re.sub(r"[^A-Za-z0-9.=_-]", "_", key)
     if not (folder / "done").exists():
         partial = folder.with_name(folder.name + ".partial")
-        subprocess.run(["rm", "-rf", str(partial)], check=True)
+        shutil.rmtree(partial, ignore_errors=True)
         subprocess.run([PY, "-m", "pip", "install", "-q", "--disable-pip-version-check",
                         "--no-deps", "--target", str(partial),
                         *(f"{n}=={v}" for n, v in pins.items())], check=True, timeout=600)
         (partial / "done").write_text(json.dumps(pins))
-        subprocess.run(["rm", "-rf", str(folder)], check=True)
+        shutil.rmtree(folder, ignore_errors=True)
         partial.rename(folder)
     return folder
 
