@@ -7,7 +7,7 @@ DEV_STAMP := $(VENV)/.installed-dev
 DEB_PACKAGES := slurmctld slurmd slurm-client slurmdbd slurm-wlm-basic-plugins munge mariadb-server lmod e2fsprogs iproute2 chromium
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run test test-fast lint debian-packages dry-run bench gpu-check gpu-bundle tensorboard slurm-up slurm-down clean
+.PHONY: run test test-all test-fast lint debian-packages dry-run bench gpu-check gpu-bundle tensorboard slurm-up slurm-down clean
 
 # requirements.txt and requirements-optional.txt at the exact versions of constraints.txt,
 # then this project itself: the `cifarflow` command the rules call
@@ -41,12 +41,16 @@ lint: $(DEV_STAMP)  ## snakefmt, and snakemake --lint but its one accepted findi
 	$(VENV)/bin/snakefmt --check Snakefile workflow/rules
 	$(PY) tests/lint_workflow.py
 
-test: lint debian-packages  ## the whole suite (starts the test Slurm cluster: this host plus two namespaced nodes; tests/gpu where CUDA is)
+test: lint debian-packages  ## what CI runs: the suite but its `variant` tests (starts the test Slurm cluster: this host plus two namespaced nodes; tests/gpu where CUDA is)
+	bash tests/slurm/cluster.sh start
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH PYTHON=$(PY) bash tests/suite.sh -m "not variant"
+
+test-all: lint debian-packages  ## the whole suite, the `variant` tests too (costlier variants of claims make test proves)
 	bash tests/slurm/cluster.sh start
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH PYTHON=$(PY) bash tests/suite.sh
 
 test-fast: $(DEV_STAMP)  ## the edit-test loop (< 10 min): tests/unit and tests/integration, no Slurm, no `slow`
-	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest -q --durations=15 -m "not slow" tests/unit tests/integration
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest -q --durations=15 -m "not slow and not variant" tests/unit tests/integration
 
 bench: $(STAMP)
 	$(PY) bench/bench.py

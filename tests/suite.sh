@@ -6,6 +6,10 @@
 # output goes to a log, printed whole when both halves are done; the exit status fails if
 # either half fails. tests/gpu runs after tests/unit and tests/integration where CUDA is
 # available (a skip there fails the suite); elsewhere one line says it was not run.
+# Arguments go to both pytest runs: make test passes -m "not variant" (CI's selection),
+# make test-all nothing.
+#
+#   tests/suite.sh [pytest options...]
 set -u
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-.venv/bin/python}
@@ -15,13 +19,13 @@ log=$(mktemp -t cifarflow-slurm-tests.XXXXXX.log)
 # and the Snakemake runs the Ctrl-C tests interrupt would inherit that and go on; its stdin
 # is /dev/null, as bash gives a background job without job control
 set -m
-"$PYTHON" -m pytest -v --durations=30 tests/slurm </dev/null >"$log" 2>&1 &
+"$PYTHON" -m pytest -v --durations=30 "$@" tests/slurm </dev/null >"$log" 2>&1 &
 slurm_pid=$!
 set +m
 trap 'kill -INT $slurm_pid 2>/dev/null; wait $slurm_pid' INT TERM
 echo "tests/slurm runs beside this half of the suite: tail -f $log"
 
-"$PYTHON" -m pytest -v --durations=30 tests/unit tests/integration
+"$PYTHON" -m pytest -v --durations=30 "$@" tests/unit tests/integration
 rest=$?
 
 # tests/gpu where there is a GPU, and then a skip (a missing tool or package) fails it

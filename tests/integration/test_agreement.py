@@ -18,7 +18,8 @@ from conftest import (ENV, PY, assert_bit_identical, metrics_of, process_tree, s
 from cifarflow.engine.checkpoints import files as ckpt
 
 # one StopController for all: test-fast proves the agreement with ddp, make test with each
-STRATEGIES = ["ddp", *(pytest.param(s, marks=pytest.mark.slow) for s in ("fsdp", "lightning"))]
+STRATEGIES = ["ddp", *(pytest.param(s, marks=[pytest.mark.slow, pytest.mark.variant])
+                       for s in ("fsdp", "lightning"))]
 SPEC = dict(epochs=2, batch_size=20, lr=0.05, world_size=2, device="cpu")  # 50 batches/epoch
 
 
@@ -129,6 +130,7 @@ def test_sigusr2_to_one_rank_stops_both_at_the_same_batch(cifar_dir, reference, 
 
 
 @pytest.mark.slow  # about 20 s; ddp proves the in-segment resume in test-fast
+@pytest.mark.variant
 def test_killed_lightning_segment_resumes_from_its_in_segment_checkpoint(cifar_dir, tmp_path):
     whole = tmp_path / "whole"
     run2(cifar_dir, whole, "lightning")

@@ -116,6 +116,7 @@ def test_fsdp_ranks_take_rank_0s_buffers(tmp_path):
 
 
 @pytest.mark.slow  # three 2-rank runs: about 15 s; the buffer rule is in test-fast (above)
+@pytest.mark.variant
 def test_fsdp_with_batchnorm_resumes_exactly(cifar_dir, tmp_path, monkeypatch):
     """FSDP shards parameters only: BatchNorm's running statistics are plain per-rank
     buffers, and the sharded checkpoint keeps one copy. The ranks evaluate with rank 0's
@@ -135,6 +136,7 @@ def test_fsdp_with_batchnorm_resumes_exactly(cifar_dir, tmp_path, monkeypatch):
 
 
 @pytest.mark.slow  # about 20 s; test_models trains lightning on 2 processes in test-fast
+@pytest.mark.variant
 def test_lightning_two_processes_beat_chance_and_resume(cifar_dir, tmp_path):
     kw = dict(threads=1, nproc=2, spec_kw={**COMMON, "epochs": 3, "batch_size": 100,
                                            "strategy": "lightning", "world_size": 2,

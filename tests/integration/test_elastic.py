@@ -19,7 +19,7 @@ def segment(cifar_dir, out, strategy, world, until, resume=None, check=True, **k
 
 
 @pytest.mark.parametrize("strategy, before, after", [
-    ("ddp", 1, 2), pytest.param("fsdp", 2, 1, marks=pytest.mark.slow)])
+    ("ddp", 1, 2), pytest.param("fsdp", 2, 1, marks=[pytest.mark.slow, pytest.mark.variant])])
 def test_a_run_goes_on_with_another_world_size_and_keeps_learning(cifar_dir, tmp_path,
                                                                    strategy, before, after):
     first, second = tmp_path / "segment-1", tmp_path / "segment-2"
@@ -40,6 +40,7 @@ def test_a_run_goes_on_with_another_world_size_and_keeps_learning(cifar_dir, tmp
 
 
 @pytest.mark.slow
+@pytest.mark.variant
 def test_another_world_size_without_the_flag_is_refused_with_the_way_out(cifar_dir, tmp_path):
     first = tmp_path / "segment-1"
     segment(cifar_dir, first, "ddp", 1, until=1)

@@ -340,7 +340,8 @@ def test_a_segment_records_what_it_used(cifar_dir, tmp_path):
     assert list(used["peak_rss_mb_per_node"].values()) == [used["peak_rss_mb"]]
 
 
-@pytest.mark.parametrize("amp", ["bf16", pytest.param("auto", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("amp", ["bf16", pytest.param("auto", marks=[pytest.mark.slow,
+                                                                       pytest.mark.variant])])
 def test_bf16_on_cpu_two_segments_equal_one_bit_for_bit(cifar_dir, tmp_path, amp):
     """amp bf16 (autocast on the CPU) resumes like any other run; auto records what it chose:
     bf16 where this CPU computes it natively (AMX, AVX512-BF16), none elsewhere."""

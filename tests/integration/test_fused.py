@@ -157,6 +157,7 @@ def test_members_train_as_alone_each_with_its_own_hyperparameters(tmp_path, cifa
 
 
 @pytest.mark.slow  # 8 fused trainings: about 40 s
+@pytest.mark.variant
 def test_shared_input_on_and_off_gives_the_same_weights(tmp_path, cifar_dir):
     """Members with one seed share one gathered batch (the pack log says so); gathering each
     member's own copy instead gives the same weights: bit for bit in loop fusion, within
@@ -207,6 +208,7 @@ def test_augmented_members_with_label_smoothing_and_tta_train_as_alone(tmp_path,
 
 
 @pytest.mark.slow
+@pytest.mark.variant
 def test_batchnorm_members_keep_their_own_running_statistics(tmp_path, cifar_dir):
     """A user's model with BatchNorm: each member's running mean/var and batch count are
     its own, as the member alone: bit for bit in loop fusion, within tolerance in vmap
@@ -319,6 +321,7 @@ def test_vmap_fused_segments_equal_one_segment_within_tolerance(tmp_path, cifar_
 
 
 @pytest.mark.slow  # a frozen stop, 4 fused segments and 2 alone: about 45 s
+@pytest.mark.variant
 def test_members_resuming_at_different_points_train_as_one_group_per_point(tmp_path, cifar_dir):
     """Segment 2 of a fused pack whose members ended segment 1 at different points (A
     stopped inside epoch 1 at its in-segment save, B at the end of epoch 1): the process

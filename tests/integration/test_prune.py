@@ -66,6 +66,7 @@ def test_the_winner_is_bit_identical_to_the_same_run_without_pruning(pruned_swee
                          state_of(tmp_path / "whole")["model"])
 
 
+@pytest.mark.variant  # a pack equals its runs unpacked: tests/integration/test_pack.py
 def test_packed_pruning_trains_the_same_segments_as_unpacked(pruned_sweep, tmp_path):
     """The same sweep in packs of 4: a pack's segment job after a pruning point trains its
     survivors only, a pack without survivors submits nothing, and every run ends where it

@@ -114,6 +114,7 @@ def fsdp_chain(cifar_dir, tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.variant
 def test_damaged_dcp_shard_in_work_dir_falls_back_with_a_warning(cifar_dir, fsdp_chain, tmp_path):
     work = tmp_path / "work"
     shutil.copytree(fsdp_chain / "work", work)
@@ -127,6 +128,7 @@ def test_damaged_dcp_shard_in_work_dir_falls_back_with_a_warning(cifar_dir, fsdp
 
 
 @pytest.mark.slow
+@pytest.mark.variant
 def test_damaged_dcp_metadata_of_a_segment_is_an_error(cifar_dir, fsdp_chain, tmp_path):
     broken = tmp_path / "segment-1"
     shutil.copytree(fsdp_chain / "segment-1", broken)

@@ -58,6 +58,20 @@ def test_a_jobs_snakemake_starts_without_asking_the_scheduler(tmp_path):
     assert wrong.returncode != 0 and "usage: snakemake_start.py -m snakemake" in wrong.stderr
 
 
+def test_a_jobs_snakemake_loads_the_efficiency_report_and_pandas_at_first_use():
+    probe = ("import sys; sys.path.insert(0, sys.argv[1]); import snakemake_start as s; "
+             "assert s.efficiency_report_on_first_use(); import snakemake.cli; "
+             "print('pandas' in sys.modules); from snakemake_executor_plugin_slurm import "
+             "create_efficiency_report as report\n"
+             "try: report()\n"
+             "except TypeError as e: print(e)\n"
+             "print('pandas' in sys.modules)")
+    out = subprocess.run([PY, "-c", probe, str(START.parent)], capture_output=True, text=True,
+                         timeout=300, env=ENV, check=True).stdout.splitlines()
+    # not with the plugin; at the report's first call, the plugin's own function runs
+    assert out[0] == "False" and "create_efficiency_report()" in out[1] and out[2] == "True", out
+
+
 def test_the_jobs_command_goes_through_the_start_file_where_it_runs_this_python():
     from cifarflow.job.snakemake_start import command, start_through_this_file
 

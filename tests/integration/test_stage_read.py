@@ -19,6 +19,7 @@ def ddp(batches, out, env=ENV, stage="none"):
 
 
 @pytest.mark.slow  # three 2-rank runs: about 10 s; test_stage proves what staging copies
+@pytest.mark.variant
 def test_the_ranks_read_the_staged_copy_not_the_original(cifar_dir, tmp_path):
     archive = data.prepare_archive("synthetic", tmp_path / "other",
                                    synthetic={**SYNTHETIC, "seed": 99})

@@ -89,7 +89,8 @@ def test_a_retry_from_the_in_segment_checkpoint_hides_what_it_retrains(cifar_dir
     assert_epoch_scalars(board, metrics_of(tmp_path / "segment-1"), steps)
 
 
-@pytest.mark.parametrize("strategy", ["ddp", pytest.param("lightning", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("strategy", ["ddp", pytest.param("lightning", marks=[pytest.mark.slow,
+                                                                    pytest.mark.variant])])
 def test_rank_0_alone_writes(cifar_dir, tmp_path, strategy):
     board = tmp_path / "tensorboard" / strategy
     first, second = tmp_path / "segment-1", tmp_path / "segment-2"

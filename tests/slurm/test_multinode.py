@@ -136,6 +136,7 @@ ONLY_THE_WHEELHOUSE = {"PIP_CONFIG_FILE": os.devnull, "PIP_FIND_LINKS": "", "PYT
 
 
 @pytest.mark.slow  # the node installs the real stack (~5.5 GB: torch and its CUDA libraries)
+@pytest.mark.variant  # a job venv from a wheelhouse, on each node: test_slurm_pack.py
 def test_slurm_tmpdir_builds_the_real_training_stack_on_the_node(tmp_path):
     """env.mode slurm_tmpdir, the requirements derived from this venv (the training stack at
     its versions): the plan checks the wheelhouse, then the node of a ddp job builds its own

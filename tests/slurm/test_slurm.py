@@ -318,6 +318,7 @@ def preempt(workdir, jobid: str, ranks: int = 1) -> str:
                           capture_output=True, text=True, check=True).stdout.strip()
 
 
+@pytest.mark.variant  # a preempted segment ends well, no retry spent: the ddp ranks' test
 def test_a_segment_preempted_three_times_finishes_by_itself_within_two_retries(tmp_path):
     """A one-process segment is its own srun step, so on preemption Slurm signals that step
     (SIGCONT, SIGTERM, then GraceTime): the segment stops at the next batch, checkpoints and

@@ -28,6 +28,9 @@ def trained_alone(workdir, run: str, out) -> dict:
     return state_of(out)["model"]
 
 
+# a pack equals its runs alone and retries only its killed member: tests/integration/
+# test_pack.py; Slurm spreads a pack over both nodes: the job venv test below
+@pytest.mark.variant
 def test_slurm_pack_spreads_over_two_nodes_equals_unpacked_and_retries_one_member(tmp_path):
     """8 runs in packs of 4 on partition multi (n1 and n2, 2 cores each): 2 jobs per
     round, each of 4 one-core tasks that Slurm spreads over both nodes (pack.nodes: any).
