@@ -320,6 +320,16 @@ def test_a_jobs_start_fails_naming_the_plugin_module_it_no_longer_finds(tmp_path
         snakemake_start.answer_min_job_age_unknown()
     with pytest.raises(RuntimeError, match=r"\.Executor\.get_python_executable is not there"):
         snakemake_start.start_through_this_file(type("Executor", (), {}))
+    monkeypatch.delitem(sys.modules, snakemake_start.REPORT_MODULE, raising=False)
+    with pytest.raises(RuntimeError, match=r"slurm\.efficiency_report is not there"):
+        snakemake_start.efficiency_report_on_first_use()
+    (package / "efficiency_report.py").write_text(
+        "def create_efficiency_report(n):\n    return n + 1\n")
+    assert snakemake_start.efficiency_report_on_first_use()  # a stand-in until first used
+    stand_in = sys.modules[snakemake_start.REPORT_MODULE]
+    assert stand_in.create_efficiency_report(1) == 2  # the release's own function ran
+    assert sys.modules[snakemake_start.REPORT_MODULE] is not stand_in
+    assert not snakemake_start.efficiency_report_on_first_use()  # loaded: nothing to change
 
 
 def test_constraints_pin_every_package_a_fix_touches():

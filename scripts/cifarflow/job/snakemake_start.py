@@ -9,8 +9,8 @@ Snakemakes (the plugin's jobstep, and the one it runs the rule in), so each job 
 controller twice, two RPCs each (the configuration and a ping): 4 of a pack job's ~15 RPCs
 (issue 47). A job's Snakemake never reads that answer: it runs the slurm-jobstep executor.
 Here the plugin's module that asks is loaded first, with MinJobAge "unknown" (None: what
-the plugin itself answers where scontrol fails), and the jobstep's command for the rule
-starts through this file too. Where the plugin's layout differs (a release without the
+the plugin itself answers where scontrol fails), its efficiency report (pandas) at first
+use, and the jobstep's command for the rule starts through this file too. Where the plugin's layout differs (a release without the
 module or the function), the job stops with an error naming the package, its release and the
 way out, as controller/snakemake_fixes.py does: a fix never stops applying without a word.
 
@@ -55,21 +55,35 @@ def layout_changed(what: str, package: str) -> RuntimeError:
                         "constraints.txt ...), or report this")
 
 
+def plugin_module_file(module: str) -> Path | None:
+    """Where the plugin's ``module`` is, found without running the plugin; None where the
+    plugin is not installed or ``module`` is already loaded (nothing to change); an error
+    where the plugin is laid out otherwise."""
+    if module in sys.modules:
+        return None
+    spec = importlib.util.find_spec(PLUGIN)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(list(spec.submodule_search_locations)[0]) / f"{module.rpartition('.')[2]}.py"
+    if not path.is_file():
+        raise layout_changed(module, PACKAGE)
+    return path
+
+
+def loaded(module: str, path: Path):
+    spec = importlib.util.spec_from_file_location(module, path)
+    found = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(found)
+    return found
+
+
 def answer_min_job_age_unknown() -> bool:
     """The plugin's status-query module, loaded before the plugin, its MinJobAge None; False
-    where the plugin is not installed or already loaded (nothing to change); an error where
-    it is laid out otherwise."""
-    if ASKING_MODULE in sys.modules:
+    where there is nothing to change (plugin_module_file)."""
+    path = plugin_module_file(ASKING_MODULE)
+    if path is None:
         return False
-    spec = importlib.util.find_spec(PLUGIN)  # finds the package without running it
-    if spec is None or not spec.submodule_search_locations:
-        return False
-    path = Path(list(spec.submodule_search_locations)[0]) / "job_status_query.py"
-    if not path.is_file():
-        raise layout_changed(ASKING_MODULE, PACKAGE)
-    module_spec = importlib.util.spec_from_file_location(ASKING_MODULE, path)
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
+    module = loaded(ASKING_MODULE, path)
     if not callable(getattr(module, "get_min_job_age", None)):
         raise layout_changed(f"{ASKING_MODULE}.get_min_job_age", PACKAGE)
     module.get_min_job_age = lambda: None
@@ -84,22 +98,13 @@ def efficiency_report_on_first_use() -> bool:
     """The plugin's efficiency-report module (the controller writes that report, never a
     job), loaded at its first use instead of with the plugin: it imports pandas, about
     0.45 s of CPU at each of a job's two Snakemake starts (2.4 s, 1.95 s without it, on 2
-    cores). False where the
-    plugin is not installed or already loaded; an error where it is laid out otherwise."""
-    if REPORT_MODULE in sys.modules:
+    cores). False where there is nothing to change (plugin_module_file)."""
+    path = plugin_module_file(REPORT_MODULE)
+    if path is None:
         return False
-    spec = importlib.util.find_spec(PLUGIN)
-    if spec is None or not spec.submodule_search_locations:
-        return False
-    path = Path(list(spec.submodule_search_locations)[0]) / "efficiency_report.py"
-    if not path.is_file():
-        raise layout_changed(REPORT_MODULE, PACKAGE)
 
     def create_efficiency_report(*args, **kwargs):
-        real_spec = importlib.util.spec_from_file_location(REPORT_MODULE, path)
-        real = importlib.util.module_from_spec(real_spec)
-        real_spec.loader.exec_module(real)
-        sys.modules[REPORT_MODULE] = real
+        sys.modules[REPORT_MODULE] = real = loaded(REPORT_MODULE, path)
         return real.create_efficiency_report(*args, **kwargs)
 
     stand_in = types.ModuleType(REPORT_MODULE, "loads the plugin's module at first use")
