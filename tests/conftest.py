@@ -52,7 +52,7 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU (tests/gpu; make gpu-check)")
     config.addinivalue_line("markers", "slow: a whole workflow run of a quarter of a minute or "
                             "more, or a costlier variant of what a faster test proves (make "
-                            "test runs it, make test-fast does not)")
+                            "test runs it but for the `variant` ones, make test-fast does not)")
     config.addinivalue_line("markers", "variant: a costlier variant of a claim a cheaper test "
                             "of make test already proves (another strategy, a second path to "
                             "the same mechanism): make test-all runs it, make test (CI) does not")

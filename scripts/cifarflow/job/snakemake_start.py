@@ -10,9 +10,10 @@ controller twice, two RPCs each (the configuration and a ping): 4 of a pack job'
 (issue 47). A job's Snakemake never reads that answer: it runs the slurm-jobstep executor.
 Here the plugin's module that asks is loaded first, with MinJobAge "unknown" (None: what
 the plugin itself answers where scontrol fails), its efficiency report (pandas) at first
-use, and the jobstep's command for the rule starts through this file too. Where the plugin's layout differs (a release without the
-module or the function), the job stops with an error naming the package, its release and the
-way out, as controller/snakemake_fixes.py does: a fix never stops applying without a word.
+use, and the jobstep's command for the rule starts through this file too. Where the
+plugin's layout differs (a release without the module or the function), the job stops
+with an error naming the package, its release and the way out, as
+controller/snakemake_fixes.py does: a fix never stops applying without a word.
 
 The controller puts this file in the jobs' command (controller/snakemake_fixes.py,
 start_jobs_quietly). It runs as a script, before the engine is on sys.path: it imports
